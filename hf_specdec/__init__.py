@@ -1,0 +1,12 @@
+"""hf_specdec: lossless speculative decoding for Hugging Face transformers.
+
+One import, one keyword: ``target.generate(**inputs, assistant_model=drafter)`` or
+``target.generate(**inputs, custom_generate=hf_specdec.<loop>)``.
+"""
+
+from .errors import SpecDecError
+from .target import load_default_target, load_target
+
+__version__ = "0.1.0"
+
+__all__ = ["SpecDecError", "load_default_target", "load_target", "__version__"]

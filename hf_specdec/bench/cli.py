@@ -1,0 +1,91 @@
+"""``hf-specdec bench``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import SpecDecError
+
+
+def _csv(value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark methods side by side with plain generate",
+        description="Spec-Bench-style benchmark: methods interleaved per prompt in one process; writes "
+        "OUT/results.json, OUT/report.md and OUT/speedup.png. `ar` (plain greedy generate) is always run as the reference.",
+    )
+    p.add_argument(
+        "--methods",
+        type=_csv,
+        default=["ar", "hf-pld"],
+        help="comma-separated method names (default: ar,hf-pld)",
+    )
+    p.add_argument("--tasks", type=_csv, default=["code-edit", "mt-bench"], help="comma-separated task names")
+    p.add_argument("--limit", type=int, default=10, help="prompts per task (default 10)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="PATH_OR_ID of any HF causal LM (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--tie-tol",
+        type=float,
+        default=None,
+        help="logit gap that counts as a near-tie in bf16/fp16 (default by dtype)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method option, e.g. --option drafter=PATH (repeatable)",
+    )
+    p.add_argument("--out", default="bench-out", help="output folder")
+    p.add_argument("--list", action="store_true", help="list the available methods and tasks, then exit")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..tasks import task_names
+    from .methods import available_methods
+
+    if args.list:
+        for name, cls in available_methods().items():
+            print(f"method  {name:16s} {cls.description}")
+        for name in task_names():
+            print(f"task    {name}")
+        return 0
+    options = {}
+    for item in args.option:
+        if "=" not in item:
+            raise SpecDecError(f"--option {item!r}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        options[key.strip()] = value
+    from .harness import run_bench
+
+    results = run_bench(
+        args.methods,
+        args.tasks,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        dtype=args.dtype,
+        out=args.out,
+        model=args.model,
+        tie_tol=args.tie_tol,
+        options=options,
+        command=args.command_line,
+    )
+    from .harness import report_markdown
+
+    print(report_markdown(results))
+    print(f"wrote {args.out}/results.json, {args.out}/report.md, {args.out}/speedup.png")
+    return 0 if all(r["lossless"] for r in results["runs"]) else 1

@@ -1,0 +1,46 @@
+"""``hf-specdec``: the command line. Each sub-command lives in its own module that provides
+``add_parser(subparsers)`` (which sets ``func``); add new ones to ``COMMANDS``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import sys
+
+from .errors import SpecDecError
+
+COMMANDS = ["hf_specdec.bench.cli", "hf_specdec.demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-specdec",
+        description="Lossless speculative decoding for Hugging Face transformers (GLIDE+CAPE, EDD+PCT, SPACE, PLD+).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in COMMANDS:
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub at run time: fail fast instead of hanging
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    args.command_line = "hf-specdec " + shlex.join(argv)
+    try:
+        return args.func(args) or 0
+    except SpecDecError as exc:
+        print(f"hf-specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hf-specdec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``hf-specdec demo``: plain greedy ``generate`` next to the fastest method we have, on two prompts."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import torch
+
+# Fastest first; the first one that is available is shown.
+PREFERENCE = ["pld-plus-h", "pld-plus-a", "hf-pld"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="generate with plain greedy and the fastest method, side by side")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="PATH_OR_ID of any HF causal LM (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--method", default=None, help="method to compare with plain generate (default: fastest available)"
+    )
+    p.set_defaults(func=run)
+
+
+def _columns(left: str, right: str, width: int = 58) -> str:
+    a = [line for para in left.splitlines() for line in (textwrap.wrap(para, width) or [""])]
+    b = [line for para in right.splitlines() for line in (textwrap.wrap(para, width) or [""])]
+    n = max(len(a), len(b))
+    a, b = a + [""] * (n - len(a)), b + [""] * (n - len(b))
+    return "\n".join(f"{x:<{width}} | {y}" for x, y in zip(a, b))
+
+
+def run(args) -> int:
+    from .bench.methods import BenchContext, available_methods, get_method
+    from .target import load_target
+    from .tasks import load_task
+
+    methods = available_methods()
+    name = args.method or next(m for m in PREFERENCE if m in methods)
+    model, tokenizer = load_target(args.model, args.dtype)
+    ctx = BenchContext(model, tokenizer, args.dtype)
+    runners = {}
+    for n in ("ar", name):
+        runners[n] = get_method(n)()
+        runners[n].setup(ctx)
+    prompts = [load_task("code-edit", tokenizer, 3)[2], load_task("text-edit", tokenizer, 1)[0]]
+    for r in runners.values():  # warm-up
+        r.generate(tokenizer(prompts[0]["prompt"], return_tensors="pt").input_ids, 4)
+    totals = {n: [0, 0.0] for n in runners}
+    for row in prompts:
+        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids.to(model.device)
+        out = {}
+        for n, r in runners.items():
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                tokens, _ = r.generate(ids, args.max_new_tokens)
+            dt = time.perf_counter() - t0
+            out[n] = (tokens.tolist(), dt)
+            totals[n][0] += len(tokens)
+            totals[n][1] += dt
+        print("=" * 120)
+        print(f"prompt {row['id']}: {row['source'][:100]!r}...")
+        print("-" * 120)
+        heads = {
+            n: f"{n}: {len(t)} tokens in {dt:.2f}s = {len(t) / dt:.1f} tok/s" for n, (t, dt) in out.items()
+        }
+        print(_columns(heads["ar"], heads[name]))
+        print("-" * 120)
+        print(
+            _columns(
+                tokenizer.decode(out["ar"][0], skip_special_tokens=True),
+                tokenizer.decode(out[name][0], skip_special_tokens=True),
+            )
+        )
+        same = out["ar"][0] == out[name][0]
+        print(f"\nidentical tokens: {same}")
+    ar_tps = totals["ar"][0] / totals["ar"][1]
+    m_tps = totals[name][0] / totals[name][1]
+    print("=" * 120)
+    print(
+        f"ar: {ar_tps:.1f} tok/s   {name}: {m_tps:.1f} tok/s   speedup {m_tps / ar_tps:.2f}x  ({args.dtype}, {torch.get_num_threads()} threads)"
+    )
+    print(
+        "Full benchmark: .venv/bin/hf-specdec bench --methods ar,hf-pld --tasks code-edit,mt-bench --limit 10 --out bench-out  (or `make bench`)"
+    )
+    return 0

