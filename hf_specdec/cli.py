@@ -11,7 +11,7 @@ import sys
 
 from .errors import SpecDecError
 
-COMMANDS = ["hf_specdec.bench.cli", "hf_specdec.demo"]
+COMMANDS = ["hf_specdec.bench.cli", "hf_specdec.demo", "hf_specdec.train_cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:

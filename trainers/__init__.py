@@ -1,0 +1,1 @@
+"""hf_specdec.trainers: data preparation, collators and Trainer subclasses."""

@@ -1,0 +1,98 @@
+"""Training data from ShareGPT in the target's chat template.
+
+- ``tokenize_chat``: one conversation -> ``input_ids`` and ``labels`` where only assistant answers
+  (content and closing tag) are supervised; prompt and template tokens get -100.
+- ``sft_dataset``: conversations as individual SFT samples (SPACE's SAR-SFT and its SFT baseline).
+- ``packed_dataset``: conversations concatenated and cut into fixed blocks (drafter training).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from datasets import Dataset
+
+from hf_specdec.errors import SpecDecError
+from hf_specdec.tasks import sharegpt_conversations
+
+IGNORE_INDEX = -100
+
+
+def _render(tokenizer, messages: list[dict]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
+
+def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None) -> dict:
+    """Token ids of a rendered conversation and labels that supervise only assistant turns.
+
+    The conversation is rendered once per prefix and each message's new text is tokenized on its own,
+    so label boundaries are exact. An assistant message's template header (e.g. ``<|im_start|>assistant\\n``)
+    is not supervised: the header is the rendering of an empty assistant turn up to where its content starts.
+    """
+    if not messages:
+        raise SpecDecError("empty conversation: nothing to tokenize")
+    input_ids: list[int] = []
+    labels: list[int] = []
+    previous = ""
+    for i, message in enumerate(messages):
+        text = _render(tokenizer, messages[: i + 1])
+        if not text.startswith(previous):
+            raise SpecDecError(
+                "the chat template does not render conversations prefix by prefix; cannot align labels"
+            )
+        segment, previous = text[len(previous) :], text
+        if message["role"] == "assistant" and message["content"] and message["content"] in segment:
+            head_len = segment.index(message["content"])
+            head = tokenizer(segment[:head_len], add_special_tokens=False).input_ids
+            body = tokenizer(segment[head_len:], add_special_tokens=False).input_ids
+            input_ids += head + body
+            labels += [IGNORE_INDEX] * len(head) + body
+        else:
+            ids = tokenizer(segment, add_special_tokens=False).input_ids
+            input_ids += ids
+            labels += [IGNORE_INDEX] * len(ids)
+    if max_length is not None:
+        input_ids, labels = input_ids[:max_length], labels[:max_length]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def sft_dataset(
+    tokenizer,
+    split: str = "train",
+    max_length: int = 512,
+    limit: int | None = None,
+    min_answer_tokens: int = 8,
+) -> Dataset:
+    """One sample per conversation (first user turn + first assistant turn), truncated to ``max_length``."""
+    rows = []
+    for messages in sharegpt_conversations(split):
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        sample = tokenize_chat(tokenizer, messages[: first + 1], max_length)
+        if sum(label != IGNORE_INDEX for label in sample["labels"]) >= min_answer_tokens:
+            rows.append(sample)
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise SpecDecError(f"no usable ShareGPT conversations in split {split!r}")
+    return Dataset.from_list(rows)
+
+
+def packed_dataset(
+    tokenizer, split: str = "train", block_size: int = 512, limit: int | None = None
+) -> Dataset:
+    """Whole conversations, concatenated and cut into ``block_size`` blocks (``limit`` blocks at most)."""
+    rows, ids, labels = [], [], []
+    for messages in sharegpt_conversations(split):
+        sample = tokenize_chat(tokenizer, messages)
+        ids += sample["input_ids"]
+        labels += sample["labels"]
+        while len(ids) >= block_size:
+            rows.append({"input_ids": ids[:block_size], "labels": labels[:block_size]})
+            ids, labels = ids[block_size:], labels[block_size:]
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise SpecDecError(f"no ShareGPT text in split {split!r} to pack")
+    return Dataset.from_list(list(itertools.islice(rows, limit)))
