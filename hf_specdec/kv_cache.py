@@ -1,0 +1,89 @@
+"""Compacting the target's KV cache to the accepted tree path.
+
+After the verification forward the cache holds ``P`` prefix entries followed by one entry per fed token
+``[root, node_0, ..., node_{n-1}]``. Only the root and the accepted nodes belong to the sequence, so for
+every layer we gather those entries right after the prefix and drop the rest: the cache is then exactly
+the one a plain forward over the accepted tokens would have produced (positions were ``P + depth`` and
+each node attended only to the prefix and its ancestors). For a chain whose accepted nodes are a prefix
+of the fed tokens this is HF's ``Cache.crop``.
+
+Supported layers: ``DynamicLayer`` (full attention) and ``DynamicSlidingWindowLayer`` while the whole
+sequence still fits in its window (nothing was evicted). :func:`check_tree_support` says, before a tree
+forward, whether it can run; the decoding loop then falls back to a plain one-token step (correct for
+any cache) instead of corrupting a sliding-window layer. Static, quantized, offloaded and linear-attention
+(recurrent) layers raise :class:`~hf_specdec.errors.SpecDecError`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+
+from .errors import SpecDecError
+
+
+def _layers(cache: Cache) -> list:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise SpecDecError(
+            f"tree verification needs a transformers Cache with per-layer storage (got {type(cache).__name__}); "
+            "let generate create its default DynamicCache"
+        )
+    return layers
+
+
+def check_cache_supported(cache: Cache) -> None:
+    """Raise a clear error for cache layers whose entries cannot be gathered to a tree path."""
+    for i, layer in enumerate(_layers(cache)):
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise SpecDecError(
+                f"cache layer {i} is a {type(layer).__name__}, which cannot be compacted to an accepted tree "
+                "path; use the default dynamic cache (cache_implementation='dynamic', no quantized/static/"
+                "offloaded cache) or a model without recurrent layers"
+            )
+
+
+def check_tree_support(cache: Cache, num_fed: int) -> bool:
+    """True when feeding ``num_fed`` tokens with a custom tree mask and compacting afterwards is exact.
+
+    Sliding-window layers keep only their last ``window - 1`` entries, and a custom 4D mask carries no
+    window, so a tree is only exact while ``cached + num_fed <= window - 1`` for every such layer.
+    """
+    for layer in _layers(cache):
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if layer.get_seq_length() + num_fed > layer.sliding_window - 1:
+                return False
+    return True
+
+
+def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[int]) -> None:
+    """Keep, after the first ``prefix_length`` entries, only the fed tokens at offsets ``keep`` (increasing,
+    relative to the prefix end), in that order; drop everything after them. In place."""
+    keep = torch.as_tensor(keep, dtype=torch.long)
+    m = int(keep.numel())
+    if m and bool((keep[1:] <= keep[:-1]).any()):
+        raise SpecDecError(f"compact_cache needs increasing offsets, got {keep.tolist()}")
+    contiguous = m == 0 or int(keep[-1]) == m - 1  # increasing and ending at m - 1 => 0..m-1: a crop
+    for layer in _layers(cache):
+        if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            check_cache_supported(cache)
+        length = layer.keys.shape[-2]
+        if isinstance(layer, DynamicSlidingWindowLayer) and length != layer.get_seq_length():
+            raise SpecDecError(
+                "a sliding-window cache layer already evicted entries, so the tree path cannot be gathered; "
+                "this is a bug in the caller (check_tree_support must be consulted before a tree forward)"
+            )
+        if m and prefix_length + int(keep[-1]) >= length:
+            raise SpecDecError(
+                f"compact_cache: offset {int(keep[-1])} after prefix {prefix_length} is past the cache end {length}"
+            )
+        if not contiguous:
+            idx = (prefix_length + keep).to(layer.keys.device)
+            layer.keys[..., prefix_length : prefix_length + m, :] = layer.keys.index_select(-2, idx)
+            layer.values[..., prefix_length : prefix_length + m, :] = layer.values.index_select(-2, idx)
+        layer.keys = layer.keys[..., : prefix_length + m, :]
+        layer.values = layer.values[..., : prefix_length + m, :]
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = prefix_length + m

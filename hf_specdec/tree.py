@@ -1,0 +1,168 @@
+"""Token trees: many draft continuations verified in one target forward (tree attention).
+
+A :class:`TokenTree` holds the *draft* nodes that hang below the **root**, the last committed token (the one
+token the target has not processed yet, exactly like the last token of ``input_ids`` in HF's assisted
+decoding). Node ``i`` has a token, a parent (``-1`` = the root, else an earlier node: nodes are in
+topological order, ``parents[i] < i``) and a depth (root = 0, its children = 1, ...). When a proposer
+*samples* its nodes it also records, per node, the draft distribution ``q`` the node was drawn from
+(``draft_probs[i]``; see ``acceptance.py`` for how ``q`` is used and what ``None`` means).
+
+The verification forward feeds ``[root, node_0, ..., node_{n-1}]`` after the ``P`` cached prefix tokens,
+with position ids ``P + depth`` and a 4D mask in which each fed token sees the whole prefix, its
+ancestors and itself (SpecInfer's tree attention, also used by CAPE, glide-cape.txt §4.2, and PCT,
+edd-pct.txt §3.2). ``docs/tree-verification.md`` has a drawing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import SpecDecError
+
+ROOT = -1  # parent index meaning "child of the root (the last committed token)"
+
+
+@dataclass
+class TokenTree:
+    """Draft nodes below the root. ``tokens``/``parents`` are 1D long tensors of length ``n``;
+    ``draft_probs`` is ``None`` (deterministic drafts) or an ``(n, vocab)`` float tensor."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
+        self.parents = torch.as_tensor(self.parents, dtype=torch.long, device=self.tokens.device).reshape(-1)
+        self.validate()
+        self.depths = _depths(self.parents.tolist())
+
+    # ----------------------------------------------------------------- builders
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> TokenTree:
+        """No draft: the verification forward is a plain decoding step."""
+        return cls(
+            torch.empty(0, dtype=torch.long, device=device), torch.empty(0, dtype=torch.long, device=device)
+        )
+
+    @classmethod
+    def from_chain(cls, tokens, draft_probs: torch.Tensor | None = None) -> TokenTree:
+        """A chain ``t_0 -> t_1 -> ...`` (classic speculative decoding) is the tree ``parents = [-1, 0, 1, ...]``."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        parents = torch.arange(-1, len(tokens) - 1, device=tokens.device)
+        return cls(tokens, parents, draft_probs)
+
+    @classmethod
+    def from_additions(cls, additions, draft_probs: torch.Tensor | None = None) -> TokenTree:
+        """Build from ``[(parent, token), ...]`` in insertion order (``parent`` = ``-1`` or an earlier index)."""
+        additions = list(additions)
+        tokens = [int(t) for _, t in additions]
+        parents = [int(p) for p, _ in additions]
+        return cls(
+            torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), draft_probs
+        )
+
+    # ----------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def children(self, node: int) -> list[int]:
+        """Indices of the children of ``node`` (``-1`` = root), in node order (= the order they are tried)."""
+        return [i for i, p in enumerate(self.parents.tolist()) if p == node]
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (empty for the root)."""
+        out, parents = [], self.parents.tolist()
+        while node != ROOT:
+            out.append(node)
+            node = parents[node]
+        return out[::-1]
+
+    def validate(self) -> None:
+        n = len(self.tokens)
+        if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
+            raise SpecDecError(
+                f"TokenTree needs 1D tokens and parents of equal length (got {tuple(self.tokens.shape)} "
+                f"and {tuple(self.parents.shape)}); build it with TokenTree.from_chain/from_additions"
+            )
+        for i, p in enumerate(self.parents.tolist()):
+            if not ROOT <= p < i:
+                raise SpecDecError(
+                    f"TokenTree node {i} has parent {p}; parents must be -1 (the root) or an earlier node "
+                    "index (nodes in topological order)"
+                )
+        if n and int(self.tokens.min()) < 0:
+            raise SpecDecError("TokenTree tokens must be non-negative token ids")
+        if self.draft_probs is not None:
+            q = self.draft_probs
+            if q.dim() != 2 or q.shape[0] != n:
+                raise SpecDecError(f"draft_probs must be (num_nodes={n}, vocab), got {tuple(q.shape)}")
+            if n and bool((q.gather(1, self.tokens[:, None].to(q.device)) <= 0).any()):
+                raise SpecDecError(
+                    "draft_probs gives probability 0 to a node's own token: q must be the distribution the node "
+                    "was actually sampled from"
+                )
+
+    def truncate_depth(self, max_depth: int) -> TokenTree:
+        """Drop the nodes deeper than ``max_depth`` (their descendants go with them, order is kept)."""
+        keep = [i for i, d in enumerate(self.depths) if d <= max_depth]
+        if len(keep) == len(self):
+            return self
+        remap = {old: new for new, old in enumerate(keep)}
+        remap[ROOT] = ROOT
+        parents = torch.tensor([remap[int(self.parents[i])] for i in keep], dtype=torch.long)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        probs = None if self.draft_probs is None else self.draft_probs[idx.to(self.draft_probs.device)]
+        return TokenTree(self.tokens[idx], parents.to(self.tokens.device), probs)
+
+    # ----------------------------------------------------------------- verification inputs
+    def flat_tokens(self, root_token: int | torch.Tensor) -> torch.Tensor:
+        """``(1, 1 + n)`` input ids ``[root, node_0, ..., node_{n-1}]``."""
+        root = torch.as_tensor(root_token, dtype=torch.long, device=self.tokens.device).reshape(1)
+        return torch.cat([root, self.tokens])[None]
+
+    def position_ids(self, prefix_length: int) -> torch.Tensor:
+        """``(1, 1 + n)``: ``prefix_length + depth`` (the root sits at ``prefix_length``)."""
+        depths = torch.tensor([0, *self.depths], dtype=torch.long, device=self.tokens.device)
+        return (prefix_length + depths)[None]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """``(1 + n, 1 + n)`` boolean: entry ``[i, j]`` is True iff fed token ``j`` is ``i`` or an ancestor of it
+        (index 0 is the root, node ``k`` is index ``k + 1``)."""
+        n = len(self)
+        mask = torch.eye(n + 1, dtype=torch.bool, device=self.tokens.device)
+        mask[:, 0] = True
+        for i, p in enumerate(self.parents.tolist()):  # parents come first: copy the parent's row
+            mask[i + 1] |= mask[p + 1]
+        return mask
+
+    def attention_mask(self, prefix_length: int) -> torch.Tensor:
+        """``(1, 1, 1 + n, prefix_length + 1 + n)`` boolean mask (True = may attend)."""
+        tree = self.ancestor_mask()
+        prefix = torch.ones(tree.shape[0], prefix_length, dtype=torch.bool, device=tree.device)
+        return torch.cat([prefix, tree], dim=1)[None, None]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean mask -> the additive float mask (0 = attend, dtype min = blocked).
+
+    transformers 5.23 passes a custom 4D ``attention_mask`` through unchanged (``masking_utils``) to the
+    attention function. SDPA accepts boolean or float masks, but the *eager* path computes
+    ``scores + attention_mask``, which silently turns a boolean mask into +1/+0 biases; the float form is
+    right for both (checked for Llama and GPT-2 in ``tests/test_tree_mask.py``).
+    """
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p == ROOT else depths[p] + 1)
+    return depths
