@@ -1,0 +1,68 @@
+"""Bench methods ``pld-plus-h`` and ``pld-plus-a``: PLD+ (pld-plus.txt) through ``custom_generate``.
+
+Options (``hf-specdec bench --option KEY=VALUE``): ``pld_k`` (K, tokens drafted per step), ``pld_layer``
+(PLD+(h)'s hidden-state index), ``pld_heads`` (PLD+(a)'s heads file; default: the shipped one),
+``pld_top_heads`` (how many of its heads), ``pld_min_score`` (no draft below this score).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .methods import Method, register
+
+
+def _pld_kwargs(options: dict) -> dict:
+    kwargs = {}
+    for option, name, cast in (
+        ("pld_k", "pld_num_tokens", int),
+        ("pld_layer", "pld_layer", int),
+        ("pld_heads", "pld_heads", str),
+        ("pld_top_heads", "pld_top_heads", int),
+        ("pld_min_score", "pld_min_score", float),
+    ):
+        if option in options:
+            kwargs[name] = cast(options[option])
+    return kwargs
+
+
+class _PLDPlus(Method):
+    variant = ""
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        from ..pld_plus import pld_plus
+
+        self.custom_generate = pld_plus
+        self.kwargs = _pld_kwargs(ctx.options)
+        if self.variant == "hidden":
+            self.kwargs.pop("pld_heads", None)
+            self.kwargs.pop("pld_top_heads", None)
+        else:
+            self.kwargs.pop("pld_layer", None)
+
+    def generate(self, input_ids, max_new_tokens):
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            custom_generate=self.custom_generate,
+            pld_variant=self.variant,
+            **self.kwargs,
+        )
+        return out[0, input_ids.shape[1] :], None
+
+
+@register
+class PLDPlusHidden(_PLDPlus):
+    name = "pld-plus-h"
+    description = "PLD+(h): prompt lookup ranked by hidden-state cosine (pld-plus.txt §4.2.2)"
+    variant = "hidden"
+
+
+@register
+class PLDPlusAttention(_PLDPlus):
+    name = "pld-plus-a"
+    description = "PLD+(a): prompt lookup ranked by induction-head attention (pld-plus.txt §4.2.1)"
+    variant = "attention"
