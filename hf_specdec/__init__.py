@@ -10,3 +10,7 @@ from .target import load_default_target, load_target
 __version__ = "0.1.0"
 
 __all__ = ["SpecDecError", "load_default_target", "load_target", "__version__"]
+
+from . import assisted, modeling  # noqa: E402, F401  (drafters' candidate generators; Auto-class registration)
+
+assisted.install()

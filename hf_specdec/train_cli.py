@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-RECIPES: dict[str, str] = {}
+RECIPES: dict[str, str] = {"glide": "hf_specdec.trainers.glide"}
 
 
 def add_parser(sub) -> None:

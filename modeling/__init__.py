@@ -1,1 +1,10 @@
 """hf_specdec.modeling: drafter models (GLIDE, EDD) as PreTrainedModels, registered with the Auto classes."""
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .glide import GlideConfig, GlideForCausalLM
+
+AutoConfig.register(GlideConfig.model_type, GlideConfig, exist_ok=True)
+AutoModelForCausalLM.register(GlideConfig, GlideForCausalLM, exist_ok=True)
+
+__all__ = ["GlideConfig", "GlideForCausalLM"]

@@ -1,0 +1,106 @@
+"""GLIDE's proposal step inside transformers' assisted-decoding loop (glide-cape.txt §3, §4.1).
+
+``GlideCandidateGenerator`` drafts a chain of gamma tokens (``num_assistant_tokens`` of the drafter's
+``generation_config``, default 5 as in the paper) autoregressively with the GLIDE drafter. Every draft forward
+cross-attends to the target's KV cache *as verified so far*: transformers hands it the target's
+``past_key_values`` (cropped after each verification to the accepted prefix, i.e. positions ``< t`` where
+``x_t`` is the bonus token) because the generator sets ``requires_model_outputs``. The drafter keeps its own
+self-attention cache across rounds and crops it to the tokens that are still valid.
+
+Greedy: the draft is the argmax; transformers keeps the longest prefix that matches the target's argmax.
+Sampling: the draft is sampled from the processed draft distribution q, returned as ``candidate_logits`` so
+transformers' speculative sampling (accept with min(1, p/q), resample from max(p - q, 0)) keeps the target's
+distribution exactly. Either way the output is the target's.
+
+On the first round the target's cache is still empty (the prompt has not been through the target yet), so a
+cross-attention drafter proposes nothing and that round is the target's ordinary prefill; the vanilla drafter
+(no cross-attention) drafts from the first round.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
+
+
+class GlideCandidateGenerator(CandidateGenerator):
+    requires_model_outputs = True
+    model_kwargs_overrides: dict = {}
+
+    def __init__(self, drafter, target, generation_config, logits_processor=None):
+        self.drafter = drafter
+        self.target = target
+        self.num_draft_tokens = int(
+            getattr(drafter.generation_config, "num_assistant_tokens", None) or 5
+        )  # gamma
+        self.do_sample = bool(generation_config.do_sample)
+        self.max_length = generation_config.max_length
+        eos = getattr(generation_config, "_eos_token_tensor", None)
+        self.eos = None if eos is None else eos.flatten().tolist()
+        self.logits_processor = LogitsProcessorList(
+            p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
+        )
+        self.cache = DynamicCache()
+        self.fed = torch.empty(0, dtype=torch.long)  # tokens whose keys/values are in self.cache
+        self.draft_time = 0.0
+        self.draft_forwards = 0
+
+    def _sync_cache(self, input_ids: torch.LongTensor) -> int:
+        """Crop the drafter's cache to the longest prefix of ``input_ids`` it has already consumed."""
+        ids = input_ids[0].cpu()
+        n = min(len(self.fed), len(ids) - 1)
+        same = (self.fed[:n] == ids[:n]).long()
+        keep = int(same.cumprod(0).sum()) if n else 0
+        if keep < self.cache.get_seq_length():
+            self.cache.crop(keep - self.cache.get_seq_length())
+        self.fed = ids[:keep]
+        return keep
+
+    @torch.no_grad()
+    def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, **kwargs):
+        t0 = time.perf_counter()
+        cur_len = input_ids.shape[1]
+        budget = min(self.num_draft_tokens, self.max_length - cur_len - 1)
+        target_cache = (model_kwargs or {}).get("past_key_values")
+        verified = target_cache.get_seq_length() if target_cache is not None else 0
+        if budget <= 0 or (self.drafter.config.cross_attention and verified == 0):
+            return input_ids, None
+        keep = self._sync_cache(input_ids)
+        device = self.drafter.norm.weight.device
+        step_ids = input_ids[:, keep:].to(device)
+        sequence = input_ids.to(device)
+        drafted, scores = [], []
+        for _ in range(budget):
+            start = sequence.shape[1] - step_ids.shape[1]
+            positions = torch.arange(start, sequence.shape[1], device=device)[None]
+            hidden = self.drafter.hidden_states(
+                step_ids, positions, self.cache, target_past_key_values=target_cache
+            )[:, -1:]
+            self.fed = torch.cat([self.fed, step_ids[0].cpu()])
+            self.draft_forwards += 1
+            logits = self.drafter.draft_logits(hidden)[:, 0].float()
+            if len(self.logits_processor) or self.do_sample or self.drafter.draft_vocab_ids is None:
+                logits = self.drafter.to_full_vocab(logits)
+                logits = self.logits_processor(sequence, logits)
+                if self.do_sample:
+                    token = torch.multinomial(logits.softmax(-1), 1)
+                else:
+                    token = logits.argmax(-1, keepdim=True)
+                scores.append(logits)
+            else:  # greedy without processors: argmax over the draft vocabulary, mapped back to token ids
+                token = self.drafter.draft_vocab_ids[logits.argmax(-1, keepdim=True)]
+            drafted.append(token)
+            sequence = torch.cat([sequence, token], dim=1)
+            step_ids = token
+            if self.eos is not None and int(token) in self.eos:
+                break
+        self.draft_time += time.perf_counter() - t0
+        candidate_logits = torch.stack(scores, dim=1) if self.do_sample else None
+        return sequence, candidate_logits
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
+        pass  # gamma is constant (§5.1)

@@ -1,0 +1,500 @@
+"""GLIDE, the glimpse draft model (glide-cape.txt §4.1), and its vanilla-drafter ablation (§5.2, Fig. 4).
+
+Each of the ``N_D`` decoder layers is self-attention -> **cross-attention into the target's KV cache** ->
+feed-forward. Draft layer ``m`` (0-based) reads target layer ``l = N_T - N_D + m`` (the top layers, §5.4);
+``GlideConfig.target_layers`` picks others. The cross-attention projects the draft hidden states into one
+query per *target* query head (``Q^{m,j} = H^m W_j``) and attends to the target's cached keys/values,
+grouped over the target's KV heads (GQA). Hugging Face caches keys **after** RoPE, so each draft query gets
+the rotary embedding of its own position and ``q . k`` sees the same relative offset the target sees.
+
+The token embedding and LM head are the target's, frozen and never stored in the drafter checkpoint: a
+drafter is attached to its target at load time (``GlideForCausalLM.from_pretrained(path, target=target)``
+or ``drafter.attach_target(target)``); the checkpoint records the target's fingerprint
+(``hf_specdec.target.target_fingerprint``) and attaching another target is a clear error. ``target.generate(
+**inputs, assistant_model=drafter)`` attaches the calling target automatically.
+
+``cross_attention=False`` gives the vanilla drafter: the same class and layers without the cross-attention.
+
+Optional reduced draft vocabulary: ``draft_vocab_size`` keeps the LM-head rows of the most frequent tokens of
+the training data (ids stored in the checkpoint as ``draft_vocab_ids``). On a CPU the drafter's cost is mostly
+its LM head (49k rows), so this cuts the draft cost c several times. The target still verifies over the full
+vocabulary; full-vocabulary logits are ``-inf`` outside the kept ids, so the output stays lossless (a token the
+drafter cannot propose is simply never drafted).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+
+from hf_specdec.errors import SpecDecError
+from hf_specdec.target import check_fingerprint, target_fingerprint
+
+DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma, the proposal length (§5.1)
+
+
+class GlideConfig(PretrainedConfig):
+    """Configuration of a GLIDE drafter. Build one for a target with ``GlideConfig.for_target(target)``.
+
+    Draft side: ``hidden_size`` (d_D, equal to the target's hidden size because the embedding and LM head are
+    shared), ``num_hidden_layers`` (N_D), self-attention heads, ``intermediate_size``.
+    Target side (what the cross-attention reads): ``target_num_hidden_layers`` (N_T),
+    ``target_num_attention_heads`` (h), ``target_num_key_value_heads``, ``target_head_dim`` (d_k),
+    ``target_layers`` (one target layer per draft layer) and ``target_info`` (the target's fingerprint).
+    ``cross_attention=False`` is the vanilla drafter. ``block_size`` is L of the block-wise training mask.
+    """
+
+    model_type = "glide"
+
+    def __init__(
+        self,
+        vocab_size: int = 49152,
+        hidden_size: int = 576,
+        intermediate_size: int = 1536,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 9,
+        num_key_value_heads: int = 3,
+        head_dim: int = 64,
+        hidden_act: str = "silu",
+        rms_norm_eps: float = 1e-5,
+        mlp_bias: bool = False,
+        cross_attention: bool = True,
+        target_layers: list[int] | None = None,
+        target_num_hidden_layers: int = 30,
+        target_num_attention_heads: int = 9,
+        target_num_key_value_heads: int = 3,
+        target_head_dim: int = 64,
+        block_size: int = 5,
+        draft_vocab_size: int | None = None,
+        target_info: dict | None = None,
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.mlp_bias = mlp_bias
+        self.cross_attention = cross_attention
+        if target_layers is None:  # §4.1: draft layer m attends to target layer N_T - N_D + m
+            target_layers = [
+                target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)
+            ]
+        self.target_layers = list(target_layers)
+        self.target_num_hidden_layers = target_num_hidden_layers
+        self.target_num_attention_heads = target_num_attention_heads
+        self.target_num_key_value_heads = target_num_key_value_heads
+        self.target_head_dim = target_head_dim
+        self.block_size = block_size
+        self.draft_vocab_size = draft_vocab_size
+        self.target_info = target_info or {}
+        self.initializer_range = initializer_range
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    @classmethod
+    def for_target(
+        cls,
+        target: PreTrainedModel,
+        num_hidden_layers: int = 1,
+        cross_attention: bool = True,
+        target_layers: list[int] | None = None,
+        draft_vocab_size: int | None = None,
+        **overrides,
+    ) -> GlideConfig:
+        """A drafter config shaped after ``target`` (a Llama-like model with rotary embeddings)."""
+        t = target.config.get_text_config()
+        heads = t.num_attention_heads
+        head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
+        kv_heads = getattr(t, "num_key_value_heads", None) or heads
+        values = dict(
+            vocab_size=t.vocab_size,
+            hidden_size=t.hidden_size,
+            intermediate_size=getattr(t, "intermediate_size", 4 * t.hidden_size),
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            hidden_act=getattr(t, "hidden_act", "silu"),
+            rms_norm_eps=getattr(t, "rms_norm_eps", 1e-5),
+            cross_attention=cross_attention,
+            target_layers=target_layers,
+            target_num_hidden_layers=t.num_hidden_layers,
+            target_num_attention_heads=heads,
+            target_num_key_value_heads=kv_heads,
+            target_head_dim=head_dim,
+            draft_vocab_size=draft_vocab_size,
+            target_info=target_fingerprint(target),
+            bos_token_id=t.bos_token_id,
+            eos_token_id=t.eos_token_id,
+            pad_token_id=t.pad_token_id,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+class GlideSelfAttention(nn.Module):
+    """Causal self-attention over the draft's own tokens (RoPE, GQA, the drafter's own KV cache)."""
+
+    def __init__(self, config: GlideConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos_sin, cache: Cache | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        past = 0
+        if cache is not None:
+            past = cache.get_seq_length(self.layer_idx)
+            k, v = cache.update(k, v, self.layer_idx)
+        if n == 1:
+            mask, causal = None, False
+        elif past == 0:
+            mask, causal = None, True
+        else:  # new queries after a cached prefix: query i sees keys <= past + i
+            mask = (
+                torch.arange(past + n, device=x.device)[None, :]
+                <= (past + torch.arange(n, device=x.device))[:, None]
+            )
+            causal = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class GlideCrossAttention(nn.Module):
+    """Cross-attention from draft queries into the target's cached keys/values (§4.1, ``MultiHead(Q^m, K^l, V^l)``).
+
+    ``q_proj`` is the h projections ``W_j`` (d_D -> d_k each, one per target query head); queries are grouped over
+    the target's KV heads (GQA) and rotated with the RoPE of their own positions. ``o_proj`` is ``W^O``.
+    """
+
+    def __init__(self, config: GlideConfig):
+        super().__init__()
+        self.heads, self.head_dim = config.target_num_attention_heads, config.target_head_dim
+        self.kv_heads = config.target_num_key_value_heads
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``keys``/``values``: (B, target KV heads, t, d_k); ``mask``: bool (B or 1, 1, n, t), True = may attend."""
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos_sin
+        q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+        out = F.scaled_dot_product_attention(
+            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
+        )
+        if mask is not None:  # a query with no visible target key gets no cross-attention signal (not NaN)
+            out = torch.where(mask.any(-1, keepdim=True), out, torch.zeros((), dtype=out.dtype))
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class GlideDecoderLayer(nn.Module):
+    def __init__(self, config: GlideConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = GlideSelfAttention(config, layer_idx)
+        if config.cross_attention:
+            self.cross_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.cross_attn = GlideCrossAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, h, cos_sin, cache, target_kv, cross_mask) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos_sin, cache)
+        if target_kv is not None and hasattr(self, "cross_attn"):
+            h = h + self.cross_attn(self.cross_layernorm(h), cos_sin, *target_kv, cross_mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class GlidePreTrainedModel(PreTrainedModel):
+    config_class = GlideConfig
+    base_model_prefix = "glide"
+    _no_split_modules = ["GlideDecoderLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, LlamaRMSNorm):
+            nn.init.ones_(module.weight)
+
+
+class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
+    """The GLIDE drafter (or the vanilla drafter when ``config.cross_attention`` is False).
+
+    ``forward`` takes the usual ``input_ids``/``position_ids``/``past_key_values`` (the drafter's own cache) plus
+    ``target_past_key_values``: the target's cache (a ``transformers`` ``Cache``) as verified so far.
+    """
+
+    def __init__(self, config: GlideConfig):
+        super().__init__(config)
+        if len(config.target_layers) != config.num_hidden_layers:
+            raise SpecDecError(
+                f"GlideConfig.target_layers has {len(config.target_layers)} entries for "
+                f"{config.num_hidden_layers} draft layers; give one target layer per draft layer"
+            )
+        self.layers = nn.ModuleList(GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.draft_vocab_size:
+            self.register_buffer("draft_vocab_ids", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_vocab_ids = None
+        self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
+        self.generation_config.num_assistant_tokens_schedule = "constant"
+        self.post_init()
+
+    # ---------------------------------------------------------------- the target (not a submodule, not saved)
+    @property
+    def target(self) -> PreTrainedModel | None:
+        return self.__dict__.get("_target")
+
+    def attach_target(self, target: PreTrainedModel) -> GlideForCausalLM:
+        """Share ``target``'s embedding, LM head and rotary embedding; raise if it is not this drafter's target."""
+        if self.config.target_info:
+            check_fingerprint(self.config.target_info, target, what="this GLIDE drafter")
+        tc = target.config.get_text_config()
+        expected = (self.config.target_num_hidden_layers, self.config.hidden_size)
+        if (tc.num_hidden_layers, tc.hidden_size) != expected:
+            raise SpecDecError(
+                f"this GLIDE drafter expects a target with {expected[0]} layers of width {expected[1]}, got "
+                f"{tc.num_hidden_layers} x {tc.hidden_size}; use the target it was trained for"
+            )
+        rotary = getattr(getattr(target, "model", target), "rotary_emb", None)
+        if rotary is None:
+            raise SpecDecError(
+                f"GLIDE needs a Llama-like target with rotary embeddings (`model.rotary_emb`); "
+                f"{type(target).__name__} has none"
+            )
+        self.__dict__["_target"] = target
+        self.__dict__["_rotary"] = rotary
+        head = target.get_output_embeddings().weight
+        if self.draft_vocab_ids is not None:
+            self.__dict__["_head"] = head.detach()[self.draft_vocab_ids.to(head.device)].clone()
+        else:
+            self.__dict__["_head"] = head
+        return self
+
+    def _require_target(self) -> PreTrainedModel:
+        if self.target is None:
+            raise SpecDecError(
+                "this GLIDE drafter is not attached to its target (its embedding and LM head are the target's and "
+                "are not stored in the checkpoint): load it with `GlideForCausalLM.from_pretrained(path, "
+                "target=target_model)`, call `drafter.attach_target(target_model)`, or pass it as "
+                "`target_model.generate(..., assistant_model=drafter)`"
+            )
+        return self.target
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *args, target: PreTrainedModel | None = None, **kwargs
+    ):
+        """``from_pretrained`` plus ``target=``: attach (and check) the target the drafter belongs to."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if target is not None:
+            model.attach_target(target)
+        return model
+
+    def get_input_embeddings(self) -> nn.Module | None:
+        return None if self.target is None else self.target.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return None
+
+    # ---------------------------------------------------------------- vocabulary helpers
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size or self.config.vocab_size
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM-head logits over the draft vocabulary (the full vocabulary unless ``draft_vocab_size`` is set)."""
+        self._require_target()
+        head = self.__dict__["_head"]
+        return F.linear(hidden, head.to(hidden.dtype))
+
+    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits -> full-vocabulary logits (``-inf`` for tokens the drafter cannot propose)."""
+        if self.draft_vocab_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab_ids, logits)
+
+    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary ids -> draft-vocabulary indices (-100 for ids outside it; -100 stays -100)."""
+        if self.draft_vocab_ids is None:
+            return token_ids
+        table = torch.full((self.config.vocab_size,), -100, dtype=torch.long, device=token_ids.device)
+        table[self.draft_vocab_ids] = torch.arange(len(self.draft_vocab_ids), device=token_ids.device)
+        return torch.where(token_ids >= 0, table[token_ids.clamp(min=0)], token_ids)
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Install the kept token ids (e.g. the most frequent ones of the training data)."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).sort().values
+        if len(token_ids) != self.config.draft_vocab_size:
+            raise SpecDecError(
+                f"draft vocabulary has {len(token_ids)} ids, config says {self.config.draft_vocab_size}"
+            )
+        self.draft_vocab_ids.copy_(token_ids)
+        if self.target is not None:
+            self.attach_target(self.target)
+
+    # ---------------------------------------------------------------- warm start (CPU budget; see docs/glide.md)
+    @torch.no_grad()
+    def init_from_target(self, target: PreTrainedModel, init_layers: list[int] | None = None) -> None:
+        """Copy weights from ``target``: draft layer m's self-attention/MLP/norms from target layer ``init_layers[m]``
+        (default: the bottom layers), its cross-attention ``W_j`` from the target layer it reads (``W^O`` = 0), the final
+        norm from the target's. Needs the default shapes (draft width and heads equal to the target's)."""
+        layers = getattr(target, "model", target).layers
+        init_layers = init_layers or list(range(self.config.num_hidden_layers))
+        for m, layer in enumerate(self.layers):
+            src = layers[init_layers[m]]
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
+            layer.mlp.load_state_dict(src.mlp.state_dict())
+            layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
+            layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+            if hasattr(layer, "cross_attn"):
+                read = layers[self.config.target_layers[m]]
+                layer.cross_attn.q_proj.weight.copy_(read.self_attn.q_proj.weight)
+                # W^O starts at zero: the warm-started drafter begins as the vanilla one and learns to use the glimpse
+                layer.cross_attn.o_proj.weight.zero_()
+                layer.cross_layernorm.weight.copy_(read.input_layernorm.weight)
+        self.norm.weight.copy_(getattr(target, "model", target).norm.weight)
+
+    # ---------------------------------------------------------------- training protocol (trainers/drafter_trainer.py)
+    def target_forward_kwargs(self) -> dict | None:
+        """What the trainer asks of the frozen target: its KV cache (None for the vanilla drafter)."""
+        return {"use_cache": True} if self.config.cross_attention else None
+
+    def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
+        """``hidden_states`` kwargs for a training batch: the target's cache seen through the block-wise mask."""
+        if not self.config.cross_attention:
+            return {}
+        from hf_specdec.trainers.masks import blockwise_cross_mask
+
+        mask = blockwise_cross_mask(input_ids.shape[1], self.config.block_size, input_ids.device)
+        return {"target_past_key_values": target_outputs.past_key_values, "cross_attention_mask": mask}
+
+    # ---------------------------------------------------------------- forward
+    def _target_kv(self, target_cache, layer: int):
+        if target_cache is None or not self.config.cross_attention:
+            return None
+        if isinstance(target_cache, Cache):
+            entry = target_cache.layers[layer]
+            if not getattr(entry, "is_initialized", True) or entry.keys is None or entry.keys.numel() == 0:
+                return None
+            return entry.keys, entry.values
+        return target_cache[layer]  # a (keys, values) sequence per target layer
+
+    def hidden_states(
+        self,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        target_past_key_values=None,
+        cross_attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final-normed draft hidden states (B, n, d_D). ``cross_attention_mask``: bool (n, t) or (B, 1, n, t),
+        True = may attend; default: a query at position p sees target positions k < p (at inference the target
+        cache ends before the first draft position, so all of it is visible to the drafted positions)."""
+        target = self._require_target()
+        b, n = input_ids.shape
+        if position_ids is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(b, n)
+        h = target.get_input_embeddings()(input_ids).to(self.norm.weight.dtype)
+        cos_sin = self.__dict__["_rotary"](h, position_ids)
+        cos_sin = tuple(c.to(h.dtype) for c in cos_sin)
+        for m, layer in enumerate(self.layers):
+            kv = self._target_kv(target_past_key_values, self.config.target_layers[m])
+            mask = cross_attention_mask
+            if kv is not None and mask is None:
+                t = kv[0].shape[-2]
+                if (
+                    int(position_ids.min()) < t
+                ):  # only catch-up tokens inside the verified prefix need masking
+                    mask = (
+                        torch.arange(t, device=h.device)[None, None, None, :] < position_ids[:, None, :, None]
+                    )
+            elif mask is not None and mask.dim() == 2:
+                mask = mask[None, None]
+            h = layer(h, cos_sin, past_key_values, kv, mask)
+        return self.norm(h)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        target_past_key_values=None,
+        cross_attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        logits_to_keep: int = 0,
+        draft_vocab_logits: bool = False,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Standard causal-LM forward. Logits are over the full vocabulary (``-inf`` outside a reduced draft
+        vocabulary) unless ``draft_vocab_logits``; ``labels`` give the shifted cross-entropy loss."""
+        if input_ids is None:
+            raise SpecDecError("GlideForCausalLM.forward needs input_ids")
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        hidden = self.hidden_states(
+            input_ids,
+            position_ids,
+            past_key_values if use_cache is not False else None,
+            target_past_key_values,
+            cross_attention_mask,
+        )
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.draft_logits(hidden)
+        loss = None
+        if labels is not None:
+            shift = self.to_draft_ids(labels[:, 1:])
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), shift.flatten(), ignore_index=-100)
+        if not draft_vocab_logits:
+            logits = self.to_full_vocab(logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+    # ---------------------------------------------------------------- hook for target.generate(assistant_model=...)
+    def make_candidate_generator(self, target, generation_config, logits_processor, **_):
+        """Called by ``hf_specdec.assisted`` when this model is passed as ``assistant_model``."""
+        from hf_specdec.glide_generation import GlideCandidateGenerator
+
+        if self.target is not target:
+            self.attach_target(target)
+        return GlideCandidateGenerator(self, target, generation_config, logits_processor)

@@ -1,0 +1,172 @@
+"""``DrafterTrainer``: a ``transformers.Trainer`` for drafters that learn from a frozen target (GLIDE, EDD).
+
+Each step runs the frozen target under ``no_grad`` on the batch to produce what the drafter reads (GLIDE: the
+target's KV cache, seen through the block-wise mask of glide-cape.txt §4.1; EDD: hidden states), then trains
+the drafter with cross entropy on the data's next tokens (assistant tokens only, see ``trainers/data.py``),
+plus an optional KL(p_target || q_draft) term (``kl_weight``; glide-cape.txt App. B reports distillation as a
+small gain). Only the drafter's parameters are trained; the target is not part of the model, so checkpoints
+hold the drafter alone and ``--resume`` continues from the last one.
+
+A drafter used with this trainer provides:
+
+- ``target_forward_kwargs() -> dict | None``: keyword arguments for the target's base-model forward (e.g.
+  ``{"use_cache": True}``), or None when the drafter reads nothing from the target;
+- ``target_context(target_outputs, input_ids) -> dict``: keyword arguments for ``hidden_states`` built from
+  the target's outputs (caches, hidden states, training masks);
+- ``hidden_states(input_ids, **context) -> (B, T, D)``, ``draft_logits(hidden) -> (..., V_draft)``,
+  ``to_draft_ids(token_ids)`` and ``draft_vocab_ids`` (None for the full vocabulary).
+
+Evaluation reports ``eval_loss`` (draft cross entropy), ``eval_kl`` and ``eval_top1_match``: how often the
+drafter's argmax equals the target's argmax on the validation tokens, the greedy acceptance rate alpha the
+drafter would have at those positions (under the same delay the training mask simulates).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainerCallback
+
+IGNORE_INDEX = -100
+
+
+class DrafterTrainer(Trainer):
+    def __init__(self, *args, target: torch.nn.Module, kl_weight: float = 0.0, **kwargs):
+        kwargs.setdefault("data_collator", _stack_collator)
+        super().__init__(*args, **kwargs)
+        self.target = target.eval().requires_grad_(False)
+        self.kl_weight = kl_weight
+
+    # ------------------------------------------------------------------ one batch
+    def _forward(
+        self, model, input_ids: torch.Tensor, labels: torch.Tensor, need_target_logits: bool
+    ) -> dict:
+        drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
+        fwd = drafter.target_forward_kwargs()
+        context, target_hidden = {}, None
+        if fwd is not None or need_target_logits:
+            with torch.no_grad():
+                out = self.target.base_model(input_ids=input_ids, **(fwd or {}))
+            context = drafter.target_context(out, input_ids)
+            target_hidden = out.last_hidden_state
+        hidden = drafter.hidden_states(input_ids, **context)
+        select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1
+        logits = drafter.draft_logits(hidden[:, :-1][select]).float()
+        gold = drafter.to_draft_ids(labels[:, 1:][select])
+        result = {"logits": logits, "gold": gold, "n": int(select.sum())}
+        if target_hidden is not None and need_target_logits:
+            with torch.no_grad():
+                t_logits = self.target.get_output_embeddings()(target_hidden[:, :-1][select]).float()
+            result["target_argmax"] = t_logits.argmax(-1)
+            if drafter.draft_vocab_ids is not None:
+                t_logits = t_logits[:, drafter.draft_vocab_ids]
+            result["target_logits"] = t_logits
+        return result
+
+    def _losses(self, r: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if r["n"] == 0 or bool((r["gold"] == IGNORE_INDEX).all()):
+            ce = r["logits"].sum() * 0.0
+        else:
+            ce = F.cross_entropy(r["logits"], r["gold"], ignore_index=IGNORE_INDEX)
+        kl = None
+        if "target_logits" in r and r["n"]:
+            p_log = r["target_logits"].log_softmax(-1)
+            q_log = r["logits"].log_softmax(-1)
+            kl = F.kl_div(q_log, p_log, log_target=True, reduction="batchmean")
+        return ce, kl
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        r = self._forward(model, inputs["input_ids"], inputs["labels"], need_target_logits=self.kl_weight > 0)
+        ce, kl = self._losses(r)
+        loss = ce if kl is None else ce + self.kl_weight * kl
+        return (loss, {"logits": r["logits"]}) if return_outputs else loss
+
+    # ------------------------------------------------------------------ validation
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        sums = {"ce": 0.0, "kl": 0.0, "match": 0, "n": 0}
+        with torch.no_grad():
+            for batch in self.get_eval_dataloader(eval_dataset):
+                batch = self._prepare_inputs(batch)
+                r = self._forward(model, batch["input_ids"], batch["labels"], need_target_logits=True)
+                if not r["n"]:
+                    continue
+                ce, kl = self._losses(r)
+                drafter = self.accelerator.unwrap_model(model)
+                draft_top = r["logits"].argmax(-1)
+                if drafter.draft_vocab_ids is not None:
+                    draft_top = drafter.draft_vocab_ids[draft_top]
+                sums["ce"] += float(ce) * r["n"]
+                sums["kl"] += float(kl) * r["n"]
+                sums["match"] += int((draft_top == r["target_argmax"]).sum())
+                sums["n"] += r["n"]
+        model.train(was_training)
+        n = max(sums["n"], 1)
+        metrics = {
+            f"{metric_key_prefix}_loss": sums["ce"] / n,
+            f"{metric_key_prefix}_kl": sums["kl"] / n,
+            f"{metric_key_prefix}_top1_match": sums["match"] / n,
+            f"{metric_key_prefix}_tokens": sums["n"],
+        }
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+def _stack_collator(rows: list[dict]) -> dict:
+    return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels")}
+
+
+class TimeLimitCallback(TrainerCallback):
+    """Stop (and save) once training has run ``max_seconds`` of wall time in this process."""
+
+    def __init__(self, max_seconds: float | None):
+        self.max_seconds = max_seconds
+        self.start = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.max_seconds and time.perf_counter() - self.start > self.max_seconds:
+            control.should_training_stop = True
+            control.should_save = True
+        return control
+
+
+def write_training_curve(log_history: list[dict], out_dir: str | Path) -> Path:
+    """Write ``training_curve.json`` and ``training_curve.png`` (train loss, eval loss, eval top-1 match)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train = [(h["step"], h["loss"]) for h in log_history if "loss" in h]
+    evals = [(h["step"], h["eval_loss"], h.get("eval_top1_match")) for h in log_history if "eval_loss" in h]
+    (out_dir / "training_curve.json").write_text(json.dumps({"train": train, "eval": evals}, indent=1))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if train:
+        ax.plot(*zip(*train), label="train CE", lw=1)
+    if evals:
+        ax.plot([e[0] for e in evals], [e[1] for e in evals], "o-", label="validation CE")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross entropy")
+    if evals and evals[0][2] is not None:
+        ax2 = ax.twinx()
+        ax2.plot([e[0] for e in evals], [e[2] for e in evals], "s--", color="tab:green", label="top-1 match")
+        ax2.set_ylabel("top-1 match with target (alpha proxy)")
+        ax2.legend(loc="center right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "training_curve.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
