@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-RECIPES: dict[str, str] = {"glide": "hf_specdec.trainers.glide"}
+RECIPES: dict[str, str] = {"space": "hf_specdec.trainers.space", "glide": "hf_specdec.trainers.glide", "edd": "hf_specdec.trainers.edd"}
 
 
 def add_parser(sub) -> None:

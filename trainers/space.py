@@ -1,0 +1,271 @@
+"""SAR-SFT of a causal LM for SPACE auto-correct decoding (space.txt §3.1, §4.1, App. A.1).
+
+``hf-specdec train space --k 5 --p-ar 0.5``: adds the mask token ``[M]`` (special token + one embedding row,
+normal init as in §4.1), fine-tunes on ShareGPT with ``SpaceDataCollator`` through a plain
+``transformers.Trainer`` (LoRA via ``peft`` by default, with the new embedding row trainable through
+``trainable_token_indices``; ``--full`` for full fine-tuning) and saves a ``save_pretrained`` model
+(merged, or the adapter) with a model card that records k, p_ar and the measured tau.
+The same command with ``--p-ar 1`` trains the plain-SFT baseline of §4.2.2 (same data, same recipe).
+
+The saved config carries ``space_mask_token_id`` and ``space_k`` so ``hf_specdec.space`` finds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from hf_specdec.errors import SpecDecError
+
+MASK_TOKEN = "<|space_mask|>"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+logger = logging.getLogger(__name__)
+
+
+def add_mask_token(model, tokenizer, k: int, seed: int = 0) -> int:
+    """Add ``[M]`` as a special token with a freshly initialised embedding row; returns its id.
+
+    The row is drawn from N(0, initializer_range) (§4.1: "initialize its embedding with normal distribution").
+    With tied input/output embeddings the same row is also the mask token's output row. Idempotent: a model
+    that already has the token keeps its row. The token id and ``k`` are recorded in ``model.config``.
+    """
+    from tokenizers import AddedToken
+
+    if MASK_TOKEN not in tokenizer.get_vocab():
+        tokenizer.add_tokens([AddedToken(MASK_TOKEN, special=True, normalized=False)], special_tokens=True)
+    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    emb = model.get_input_embeddings()
+    if mask_id >= emb.weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        emb = model.get_input_embeddings()
+        std = getattr(model.config, "initializer_range", 0.02)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            row = torch.randn(emb.weight.shape[1], generator=gen) * std
+            emb.weight[mask_id] = row.to(emb.weight.dtype)
+            out = model.get_output_embeddings()
+            if out is not None and out.weight.data_ptr() != emb.weight.data_ptr():
+                out.weight[mask_id] = 0.0  # untied head: never prefer the mask token as an output
+    model.config.space_mask_token_id = int(mask_id)
+    model.config.space_k = int(k)
+    return int(mask_id)
+
+
+def apply_lora(model, mask_token_id: int, r: int = 16, alpha: int = 32, dropout: float = 0.05):
+    """Wrap ``model`` with LoRA adapters on all attention/MLP projections; the ``[M]`` embedding row is
+    trained too (peft ``trainable_token_indices``, tied to the output head when weights are tied)."""
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [t for t in LORA_TARGETS if t in present] or "all-linear"
+    emb_name = next(n for n, m in model.named_modules() if m is model.get_input_embeddings()).rsplit(".", 1)[
+        -1
+    ]
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        trainable_token_indices={emb_name: [mask_token_id]},
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="base model folder or cached Hub id (default: SmolLM2-135M)")
+    p.add_argument("--output-dir", required=True, help="checkpoints go here; the final model in OUTPUT/final")
+    p.add_argument("--k", type=int, default=5, help="number of mask tokens (paper default 5)")
+    p.add_argument(
+        "--p-ar", type=float, default=0.5, help="probability a sample stays AR; 1 = plain SFT baseline"
+    )
+    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--max-steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=None, help="default 3e-4 with LoRA, 5e-5 (paper) full")
+    p.add_argument("--max-length", type=int, default=320, help="tokens per SFT sample")
+    p.add_argument("--train-samples", type=int, default=None, help="ShareGPT samples (default steps*batch)")
+    p.add_argument("--eval-samples", type=int, default=64)
+    p.add_argument("--eval-steps", type=int, default=100)
+    p.add_argument("--save-steps", type=int, default=100)
+    p.add_argument("--logging-steps", type=int, default=10)
+    p.add_argument("--save", choices=["merged", "adapter"], default="merged")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tau-prompts", type=int, default=4, help="validation prompts to measure tau on (0: skip)"
+    )
+    p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
+
+
+def _last_checkpoint(out: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(out)) if out.is_dir() else None
+
+
+def model_card(info: dict) -> str:
+    """Markdown model card (README.md) of a SAR-SFT / SFT checkpoint."""
+    kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
+    tau = info.get("tau")
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [hf_specdec, space, speculative-decoding]",
+        "---",
+        f"# {kind}",
+        "",
+        f"Fine-tuned from `{info['base']}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        f"| k (mask tokens) | {info['k']} |",
+        f"| p_ar | {info['p_ar']} |",
+        f"| mask token | `{MASK_TOKEN}` (id {info['mask_token_id']}) |",
+        f"| method | {info['method']} |",
+        f"| steps x batch | {info['steps']} x {info['batch']} |",
+        f"| final train loss | {info.get('train_loss', '-')} |",
+        f"| eval loss | {info.get('eval_loss', '-')} |",
+        f"| measured tau (SPACE greedy) | {'-' if tau is None else f'{tau:.3f}'} |",
+        "",
+        "tau = tokens produced per model forward with auto-correct decoding "
+        f"({info.get('tau_detail', 'not measured')}).",
+        "",
+        "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
+    """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward)."""
+    from hf_specdec.space import space_generate
+    from hf_specdec.stats import DecodeStats
+    from hf_specdec.tasks import load_task
+
+    ds = load_task("mt-bench", tokenizer, n_prompts)
+    tokens = forwards = 0
+    for row in ds:
+        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids.to(model.device)
+        stats = DecodeStats()
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            custom_generate=space_generate,
+            stats=stats,
+        )
+        tokens += stats.new_tokens
+        forwards += stats.target_forwards
+    return tokens / max(forwards, 1), f"{len(ds)} mt-bench prompts, {max_new_tokens} new tokens, greedy"
+
+
+def run(args: argparse.Namespace) -> None:
+    from hf_specdec.trainers.data import sft_dataset
+    from hf_specdec.trainers.space_collator import SpaceDataCollator
+    from transformers import Trainer, TrainingArguments
+
+    from hf_specdec.target import load_target
+
+    if not 0.0 <= args.p_ar <= 1.0:
+        raise SpecDecError(f"--p-ar must be in [0, 1] (got {args.p_ar})")
+    if args.k < 1:
+        raise SpecDecError(f"--k must be at least 1 (got {args.k})")
+    out = Path(args.output_dir)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_target(args.model, args.dtype)
+    base = getattr(model.config, "name_or_path", None) or str(args.model)
+    mask_id = add_mask_token(model, tokenizer, args.k, seed=args.seed)
+    model.config.use_cache = False
+    if not args.full:
+        model = apply_lora(model, mask_id, args.lora_r, args.lora_alpha)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.warning("trainable parameters: %d (%s)", trainable, "full" if args.full else "LoRA + [M] row")
+    lr = args.lr if args.lr is not None else (5e-5 if args.full else 3e-4)
+
+    n_train = args.train_samples or args.max_steps * args.batch_size * args.grad_accum
+    t0 = time.perf_counter()
+    train = sft_dataset(tokenizer, "train", args.max_length, n_train)
+    val = sft_dataset(tokenizer, "validation", args.max_length, args.eval_samples)
+    logger.warning(
+        "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
+    )
+    collator = SpaceDataCollator(mask_id, tokenizer.pad_token_id, k=args.k, p_ar=args.p_ar, seed=args.seed)
+
+    targs = TrainingArguments(
+        output_dir=str(out),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=lr,
+        lr_scheduler_type="cosine",  # App. A.1, Table 4
+        warmup_steps=max(1, args.max_steps // 20),
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        logging_steps=args.logging_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        seed=args.seed,
+        report_to="none",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        bf16=args.dtype == "bf16",
+    )
+    trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=val, data_collator=collator)
+    resume = None if args.no_resume else _last_checkpoint(out)
+    if resume:
+        logger.warning("resuming from %s", resume)
+    result = trainer.train(resume_from_checkpoint=resume)
+    metrics = trainer.evaluate()
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    (out / "loss_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+
+    final = out / "final"
+    trained = trainer.model
+    if not args.full and args.save == "merged":
+        trained = trained.merge_and_unload()
+    trained.config.use_cache = True
+    trained.save_pretrained(final, safe_serialization=True)
+    tokenizer.save_pretrained(final)
+
+    info = {
+        "base": base,
+        "k": args.k,
+        "p_ar": args.p_ar,
+        "mask_token_id": mask_id,
+        "method": "full fine-tuning" if args.full else f"LoRA r={args.lora_r} + trainable [M] row",
+        "steps": args.max_steps,
+        "batch": args.batch_size * args.grad_accum,
+        "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
+        "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
+    }
+    if args.tau_prompts > 0 and not (not args.full and args.save == "adapter"):
+        try:
+            trained.eval()
+            info["tau"], info["tau_detail"] = measure_tau(trained, tokenizer, args.tau_prompts)
+        except Exception as exc:  # the checkpoint is saved; a failed measurement must not lose it
+            logger.warning("tau measurement failed: %s", exc)
+    write_card(final, info)
+    print(f"saved {final} (eval loss {info['eval_loss']}, tau {info.get('tau')})")
+
+
+def write_card(folder: Path, info: dict) -> None:
+    """Write ``README.md`` and ``space_training.json`` (the same facts, machine-readable) into ``folder``."""
+    folder = Path(folder)
+    (folder / "space_training.json").write_text(json.dumps(info, indent=1))
+    (folder / "README.md").write_text(model_card(info))
