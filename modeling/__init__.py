@@ -2,9 +2,12 @@
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from .edd import EddConfig, EddForCausalLM
 from .glide import GlideConfig, GlideForCausalLM
 
 AutoConfig.register(GlideConfig.model_type, GlideConfig, exist_ok=True)
 AutoModelForCausalLM.register(GlideConfig, GlideForCausalLM, exist_ok=True)
+AutoConfig.register(EddConfig.model_type, EddConfig, exist_ok=True)
+AutoModelForCausalLM.register(EddConfig, EddForCausalLM, exist_ok=True)
 
-__all__ = ["GlideConfig", "GlideForCausalLM"]
+__all__ = ["EddConfig", "EddForCausalLM", "GlideConfig", "GlideForCausalLM"]

@@ -19,3 +19,24 @@ def blockwise_cross_mask(
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     block = torch.arange(length, device=device) // block_size
     return block[:, None] > block[None, :]
+
+
+def dual_block_mask(length: int, block_length: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """EDD's dual-block attention mask (edd-pct.txt §3.1, Fig. 3a, eq. 3): bool ``(2 * length, 2 * length)``,
+    True = may attend; rows/cols ``[soft prompt h_0..h_{n-1} ; tokens x_0..x_{n-1}]`` (h_k and x_k share position k).
+
+    Token ``x_i`` of block ``j = i // L`` sees the soft prompt ``h_k`` for ``k < j * L`` (hidden states of blocks
+    0..j-1, what the target has verified when that drafting round starts; ``x_{jL}`` is the round's last committed
+    token) and the tokens of its own block up to itself. Soft-prompt rows are causal among themselves, as the
+    soft-prompt part of EDD's KV cache is built at inference. Block 0's tokens see no soft prompt.
+    """
+    if block_length < 1:
+        raise ValueError(f"block_length must be >= 1, got {block_length}")
+    idx = torch.arange(length, device=device)
+    causal = idx[None, :] <= idx[:, None]
+    start = (idx // block_length) * block_length  # first token of each token's block
+    soft_for_tokens = idx[None, :] < start[:, None]
+    tokens_for_tokens = causal & (idx[None, :] >= start[:, None])
+    top = torch.cat([causal, torch.zeros_like(causal)], dim=1)
+    bottom = torch.cat([soft_for_tokens, tokens_for_tokens], dim=1)
+    return torch.cat([top, bottom], dim=0)

@@ -1,0 +1,341 @@
+"""EDD, the Effective Draft Decoder (edd-pct.txt §3.1, Fig. 2, App. B).
+
+EDD is **one decoder layer of the target's own architecture** (built with ``AutoModel.from_config`` from the
+target's config with ``num_hidden_layers=1``, so a Llama target gets a Llama layer, a Qwen2 target a Qwen2
+layer). The target acts as an *encoder*: its hidden states ``H = (h_0, ..., h_{p-1})`` of the verified tokens
+taken from an intermediate layer (App. B: the fourth-to-last; ``EddConfig.encoder_layer``) are fed to EDD as a
+**soft prompt** -- as input embeddings, ahead of the draft tokens, at the same positions as the tokens they
+encode -- and EDD decodes the draft autoregressively after them::
+
+    EDD input:  h_0  h_1 ... h_{p-1} | x_p   d_{p+1}  d_{p+2} ...
+    positions:  0    1   ... p-1     | p     p+1      p+2
+    outputs:                         | ->d_{p+1} ->d_{p+2} ...
+
+``x_p`` is the last committed token (the target's bonus token, not yet encoded by the target). At inference
+the soft-prompt part of EDD's own KV cache grows only with *verified* tokens; the draft part is dropped after
+every verification, exactly what the dual-block training mask (Fig. 3a, eq. 3; ``trainers/masks.py``)
+simulates: a token of block j sees the hidden states of blocks < j and the tokens of its own block only.
+
+Embedding and LM head: §3.1 *initialises* them from the target. Here they **are** the target's (shared,
+frozen, not stored in the checkpoint): training them on a CPU budget would cost 2 x 28M parameters of
+optimizer state for little gain and make them drift from the target's. A drafter is attached to its target at
+load time (``EddForCausalLM.from_pretrained(path, target=target)``, ``drafter.attach_target(target)``, or
+automatically by ``target.generate(**inputs, assistant_model=drafter)``); the checkpoint records the target's
+fingerprint and attaching another target is a clear error.
+
+``soft_prompt=False`` is the ablation "w/o encoding result" (Table 3): the same layer decodes the tokens alone,
+a vanilla one-layer draft model (VDM) sharing the target's embedding and head.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, AutoModel, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from hf_specdec.errors import SpecDecError
+from hf_specdec.target import check_fingerprint, target_fingerprint
+
+DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma of the chain drafts (Table 1: "a draft sequence of length 5")
+
+# Keys of a target config that only make sense for the full stack and are dropped for the one-layer decoder.
+_PER_LAYER_KEYS = ("layer_types", "mlp_only_layers", "sliding_window_pattern", "no_rope_layers")
+
+
+class EddConfig(PretrainedConfig):
+    """Configuration of an EDD drafter; build one for a target with ``EddConfig.for_target(target)``.
+
+    - ``layer_config``: the target's text config as a dict, with ``num_hidden_layers=1`` (the EDD layer).
+    - ``encoder_layer``: index into the target's ``output_hidden_states`` tuple (0 = embeddings, i = output of
+      layer i) whose states are the soft prompt. Default ``N - 3`` = ``hidden_states[-4]``, the output of the
+      fourth-to-last layer (App. B; the paper's "28th" of LLaMA2-7B's 32 layers counted from 0); targets with
+      fewer than 4 layers use layer 1.
+    - ``soft_prompt``: False for the "w/o encoding result" ablation.
+    - ``block_min`` / ``block_max``: block lengths L drawn uniformly per training step (App. B: 5-10; equal
+      values give the "w/o random division length" ablation); ``eval_block_length`` for validation.
+    - ``loss``: ``"kl"`` (eq. 4, the paper's) or ``"ce"`` (the "w/o KL divergence" ablation).
+    - ``target``: the fingerprint of the target it belongs to.
+    """
+
+    model_type = "edd"
+
+    def __init__(
+        self,
+        layer_config: dict | None = None,
+        encoder_layer: int | None = None,
+        target_num_hidden_layers: int = 30,
+        soft_prompt: bool = True,
+        block_min: int = 5,
+        block_max: int = 10,
+        eval_block_length: int = 5,
+        loss: str = "kl",
+        target: dict | None = None,
+        **kwargs,
+    ):
+        self.layer_config = dict(layer_config or {})
+        self.target_num_hidden_layers = target_num_hidden_layers
+        default = max(target_num_hidden_layers - 3, min(1, target_num_hidden_layers))
+        self.encoder_layer = default if encoder_layer is None else int(encoder_layer)
+        self.soft_prompt = soft_prompt
+        self.block_min = block_min
+        self.block_max = block_max
+        self.eval_block_length = eval_block_length
+        if loss not in ("kl", "ce"):
+            raise SpecDecError(f"EddConfig.loss must be 'kl' or 'ce', got {loss!r}")
+        self.loss = loss
+        self.target = target or {}
+        for key in ("vocab_size", "hidden_size", "bos_token_id", "eos_token_id", "pad_token_id"):
+            if key in self.layer_config:
+                kwargs.setdefault(key, self.layer_config[key])
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+        self.vocab_size = self.layer_config.get("vocab_size", kwargs.get("vocab_size"))
+        self.hidden_size = self.layer_config.get("hidden_size", kwargs.get("hidden_size"))
+
+    @classmethod
+    def for_target(
+        cls, target: PreTrainedModel, encoder_layer: int | None = None, soft_prompt: bool = True, **overrides
+    ) -> EddConfig:
+        """A config whose decoder layer has the architecture and sizes of ``target``'s layers."""
+        t = copy.deepcopy(target.config.get_text_config())
+        n = t.num_hidden_layers
+        if encoder_layer is not None and not 0 <= encoder_layer <= n:
+            raise SpecDecError(
+                f"encoder_layer must be in [0, {n}] for a {n}-layer target, got {encoder_layer}"
+            )
+        decoder = t.to_dict()
+        for key in _PER_LAYER_KEYS + (
+            "_name_or_path",
+            "architectures",
+            "quantization_config",
+            "transformers_version",
+        ):
+            decoder.pop(key, None)
+        decoder.update(num_hidden_layers=1, tie_word_embeddings=False, use_cache=True)
+        return cls(
+            layer_config=decoder,
+            encoder_layer=encoder_layer,
+            target_num_hidden_layers=n,
+            soft_prompt=soft_prompt,
+            target=target_fingerprint(target),
+            **overrides,
+        )
+
+    def decoder_config(self) -> PretrainedConfig:
+        if not self.layer_config.get("model_type"):
+            raise SpecDecError("EddConfig has no decoder config; build it with EddConfig.for_target(target)")
+        values = dict(self.layer_config)
+        cfg = AutoConfig.for_model(values.pop("model_type"), **values)
+        cfg._attn_implementation = "sdpa"  # custom 4D masks (dual-block, tree) need sdpa or eager
+        return cfg
+
+
+class EddPreTrainedModel(PreTrainedModel):
+    config_class = EddConfig
+    base_model_prefix = "edd"
+    _supports_sdpa = True
+
+
+class EddForCausalLM(EddPreTrainedModel, GenerationMixin):
+    """The EDD drafter: ``decoder`` is a one-layer base model of the target's architecture (its own token
+    embedding removed: tokens are embedded with the target's). See the module docstring."""
+
+    def __init__(self, config: EddConfig):
+        super().__init__(config)
+        self.decoder = AutoModel.from_config(config.decoder_config())
+        if hasattr(self.decoder, "embed_tokens"):
+            self.decoder.embed_tokens = None  # the target's embedding is used (never stored here)
+        self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
+        self.generation_config.num_assistant_tokens_schedule = "constant"
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config.decoder_config(), "initializer_range", 0.02)
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif "RMSNorm" in type(module).__name__ or isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+
+    # ---------------------------------------------------------------- the target (not a submodule, not saved)
+    @property
+    def target(self) -> PreTrainedModel | None:
+        return self.__dict__.get("_target")
+
+    def attach_target(self, target: PreTrainedModel) -> EddForCausalLM:
+        """Share ``target``'s embedding and LM head; raise if ``target`` is not this drafter's target."""
+        if self.config.target:
+            check_fingerprint(self.config.target, target, what="this EDD drafter")
+        tc = target.config.get_text_config()
+        if (tc.num_hidden_layers, tc.hidden_size) != (
+            self.config.target_num_hidden_layers,
+            self.config.hidden_size,
+        ):
+            raise SpecDecError(
+                f"this EDD drafter expects a target with {self.config.target_num_hidden_layers} layers of width "
+                f"{self.config.hidden_size}, got {tc.num_hidden_layers} x {tc.hidden_size}; use the target it was "
+                "trained for"
+            )
+        self.__dict__["_target"] = target
+        return self
+
+    def _require_target(self) -> PreTrainedModel:
+        if self.target is None:
+            raise SpecDecError(
+                "this EDD drafter is not attached to its target (its embedding and LM head are the target's and are "
+                "not stored in the checkpoint): load it with `EddForCausalLM.from_pretrained(path, target=target)`, "
+                "call `drafter.attach_target(target)`, or pass it as `target.generate(..., assistant_model=drafter)`"
+            )
+        return self.target
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *args, target: PreTrainedModel | None = None, **kwargs
+    ):
+        """``from_pretrained`` plus ``target=``: attach (and check) the target the drafter belongs to."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if target is not None:
+            model.attach_target(target)
+        return model
+
+    def get_input_embeddings(self) -> nn.Module | None:
+        return None if self.target is None else self.target.get_input_embeddings()
+
+    def set_input_embeddings(self, value) -> None:  # the embedding belongs to the target
+        pass
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.decoder.parameters()).dtype
+
+    @torch.no_grad()
+    def init_from_target(self, target: PreTrainedModel, layer: int = 0) -> None:
+        """Warm start (CPU budget, see docs/edd-pct.md): copy target layer ``layer`` and the final norm.
+
+        Layer 0 is the default because EDD's token stream starts from raw embeddings as the target's layer 0 does;
+        measured on one validation block of SmolLM2-135M, top-1 agreement with the target before training was
+        0.039 from layer 0, 0.0 from the layer that reads the soft prompt (27) and 0.008 from random weights."""
+        base = target.base_model
+        self.decoder.layers[0].load_state_dict(base.layers[layer].state_dict())
+        if hasattr(base, "norm") and hasattr(self.decoder, "norm"):
+            self.decoder.norm.load_state_dict(base.norm.state_dict())
+
+    # ---------------------------------------------------------------- building blocks
+    def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        return self._require_target().get_input_embeddings()(input_ids).to(self.dtype)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the target's LM head on EDD's final-normed hidden states."""
+        head = self._require_target().get_output_embeddings().weight
+        return F.linear(hidden, head.to(hidden.dtype))
+
+    draft_vocab_ids = None  # the full vocabulary (trainer protocol)
+
+    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return token_ids
+
+    def decode(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.LongTensor,
+        past_key_values: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One pass of the EDD layer (+ final norm) over ``inputs_embeds`` (soft-prompt vectors and/or token
+        embeddings). ``attention_mask``: None (causal after the cache) or a 4D additive float mask."""
+        out = self.decoder(
+            inputs_embeds=inputs_embeds.to(self.dtype),
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            use_cache=past_key_values is not None,
+        )
+        return out.last_hidden_state
+
+    # ---------------------------------------------------------------- training protocol (trainers/drafter_trainer.py)
+    def target_forward_kwargs(self) -> dict | None:
+        """What the trainer asks of the frozen target: all hidden states (we keep ``encoder_layer``'s)."""
+        return {"output_hidden_states": True} if self.config.soft_prompt else None
+
+    def training_block_length(self) -> int:
+        """L for this step: uniform in [block_min, block_max] while training (App. B), fixed for validation."""
+        if not self.training:
+            return self.config.eval_block_length
+        lo, hi = self.config.block_min, self.config.block_max
+        return int(torch.randint(lo, hi + 1, ()).item())
+
+    def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
+        if not self.config.soft_prompt:
+            return {}
+        return {
+            "soft_prompt": target_outputs.hidden_states[self.config.encoder_layer],
+            "block_length": self.training_block_length(),
+        }
+
+    def hidden_states(
+        self,
+        input_ids: torch.LongTensor,
+        soft_prompt: torch.Tensor | None = None,
+        block_length: int | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced training pass: (B, n, D) outputs at the token positions (output j predicts token j+1).
+
+        With a soft prompt ``H`` (B, n, D), EDD runs over ``[H ; E(tokens)]`` (2n positions, both halves at
+        positions 0..n-1) under the dual-block mask of length ``block_length`` (Fig. 3a). Without one (the
+        ablation) it is a causal pass over the tokens.
+        """
+        b, n = input_ids.shape
+        tokens = self.embed(input_ids)
+        positions = torch.arange(n, device=input_ids.device)[None].expand(b, n)
+        if soft_prompt is None or not self.config.soft_prompt:
+            return self.decode(tokens, positions)
+        from hf_specdec.trainers.masks import dual_block_mask
+
+        mask = dual_block_mask(n, block_length or self.config.eval_block_length, device=input_ids.device)
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(self.dtype).min
+        )
+        x = torch.cat([soft_prompt.to(self.dtype), tokens], dim=1)
+        out = self.decode(x, torch.cat([positions, positions], dim=1), attention_mask=additive[None, None])
+        return out[:, n:]
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        soft_prompt: torch.Tensor | None = None,
+        block_length: int | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Teacher-forced forward (see ``hidden_states``); ``labels`` give the shifted cross-entropy loss.
+        Decoding does not go through here: see ``hf_specdec.edd_generation``."""
+        if input_ids is None:
+            raise SpecDecError("EddForCausalLM.forward needs input_ids")
+        logits = self.draft_logits(self.hidden_states(input_ids, soft_prompt, block_length))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    # ---------------------------------------------------------------- target.generate(assistant_model=edd)
+    def make_candidate_generator(self, target, generation_config, logits_processor, **_):
+        """Called by ``hf_specdec.assisted`` when this model is passed as ``assistant_model``."""
+        from hf_specdec.edd_generation import EddCandidateGenerator
+
+        if self.target is not target:
+            self.attach_target(target)
+        return EddCandidateGenerator(self, target, generation_config, logits_processor)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.decoder.config)

@@ -1,0 +1,184 @@
+"""PCT and the tree baselines (edd-pct.txt §3.2, Fig. 4, App. A) on constructed confidence trees, and EDD trees
+through the tree-verification core (lossless)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec.pct import GrownTree, StepTimer, grow_eagle2, grow_fixed, grow_pct, rerank
+from hf_specdec.tree import ROOT
+
+VOCAB = 50
+
+
+def dist(top: dict[int, float]) -> torch.Tensor:
+    """A distribution with the given probabilities; the rest spread evenly (each below every given one)."""
+    p = torch.zeros(VOCAB)
+    for t, v in top.items():
+        p[t] = v
+    rest = [t for t in range(VOCAB) if t not in top]
+    p[rest] = (1.0 - sum(top.values())) / len(rest)
+    return p
+
+
+class FakeExpander:
+    """Children distributions keyed by the token path from the root; records what it was asked to expand."""
+
+    def __init__(self, table: dict[tuple, torch.Tensor], default: torch.Tensor | None = None):
+        self.table, self.default, self.calls = table, default, []
+
+    def path(self, node: int, tree: GrownTree) -> tuple:
+        out = []
+        while node != ROOT:
+            out.append(tree.tokens[node])
+            node = tree.parents[node]
+        return tuple(reversed(out))
+
+    def expand(self, nodes, tree):
+        paths = [self.path(n, tree) for n in nodes]
+        self.calls.append(paths)
+        return torch.stack([self.table.get(p, self.default) for p in paths])
+
+
+def paths_of(tree: GrownTree) -> set[tuple]:
+    exp = FakeExpander({})
+    return {exp.path(i, tree) for i in range(len(tree))}
+
+
+FIG4_LIKE = {
+    (): dist({1: 0.6, 2: 0.3}),
+    (1,): dist({3: 0.5, 4: 0.3}),
+    (2,): dist({3: 0.3, 5: 0.1}),
+    (1, 3): dist({5: 0.9, 6: 0.05}),
+    (1, 4): dist({7: 0.4, 8: 0.3}),
+}
+
+
+def test_pct_keeps_exactly_the_nodes_the_rule_keeps():
+    # s_d/s_t = 0.1: expand nodes with p >= 0.1; remove nodes with p < 0.05 (Fig. 4's thresholds); width 2.
+    exp = FakeExpander(FIG4_LIKE)
+    tree = grow_pct(exp, expand_threshold=0.1, width=2, max_depth=3, removal_threshold=0.05)
+    assert paths_of(tree) == {(1,), (2,), (1, 3), (1, 4), (2, 3), (1, 3, 5), (1, 4, 7), (1, 4, 8)}
+    # removed: (2, 5) p=0.03, (1, 3, 6) p=0.015; (2, 3) p=0.09 is kept but never expanded
+    assert exp.calls == [[()], [(1,), (2,)], [(1, 3), (1, 4)]]
+    est = {p: e for p, e in zip([FakeExpander({}).path(i, tree) for i in range(len(tree))], tree.estimate)}
+    assert est[(1, 4, 7)] == pytest.approx(0.6 * 0.3 * 0.4)
+    assert tree.expansions == 3
+    # topological order, parents kept
+    assert all(p < i for i, p in enumerate(tree.parents))
+    tt = tree.token_tree()
+    assert len(tt) == 8 and tt.max_depth == 3
+
+
+def test_pct_without_removal_and_with_high_threshold():
+    full = grow_pct(
+        FakeExpander(FIG4_LIKE), expand_threshold=0.1, width=2, max_depth=3, removal_threshold=0.0
+    )
+    assert len(full) == 10  # the 8 above + (2, 5) + (1, 3, 6)
+    only_root = grow_pct(
+        FakeExpander(FIG4_LIKE), expand_threshold=0.7, width=2, max_depth=3, removal_threshold=0.0
+    )
+    assert paths_of(only_root) == {(1,), (2,)}  # no child of the root reaches 0.7: depth 1
+
+
+def test_pct_depth_adapts_to_confidence():
+    confident = FakeExpander({}, default=dist({7: 0.95, 8: 0.03}))
+    unsure = FakeExpander({}, default=dist({7: 0.3, 8: 0.2}))
+    deep = grow_pct(confident, expand_threshold=0.1, width=5, max_depth=10, removal_threshold=0.01)
+    shallow = grow_pct(unsure, expand_threshold=0.1, width=5, max_depth=10, removal_threshold=0.01)
+    assert deep.max_depth == 10  # 0.95^10 = 0.60 >= 0.1 all the way down
+    assert shallow.max_depth == 2  # 0.3 and 0.2 expand; their children (<= 0.09) do not
+    assert shallow.expansions == 2 and deep.expansions == 10
+    # a higher s_d/s_t (slower drafter relative to the target) gives a smaller tree
+    small = grow_pct(FakeExpander({}, default=dist({7: 0.95, 8: 0.03})), 0.7, 5, 10, 0.01)
+    assert small.max_depth < deep.max_depth and len(small) < len(deep)
+
+
+def test_vct_is_the_full_tree():
+    tree = grow_fixed(FakeExpander({}, default=dist({1: 0.5, 2: 0.3, 3: 0.1})), width=3, depth=3)
+    assert len(tree) == 3 + 9 + 27 and tree.max_depth == 3 and tree.expansions == 3
+
+
+def test_eagle2_reranks_to_total_tokens_and_stays_connected():
+    exp = FakeExpander({}, default=dist({1: 0.5, 2: 0.2, 3: 0.1}))
+    tree = grow_eagle2(exp, topk=3, depth=4, total_tokens=10)
+    assert len(tree) == 10
+    assert all(p == ROOT or p < i for i, p in enumerate(tree.parents))
+    # only the top-3 nodes of each layer are expanded
+    assert [len(c) for c in exp.calls] == [1, 3, 3, 3]
+    # the kept nodes are the 10 best estimates among the candidates
+    full = GrownTree()
+    for t, p, c in [(1, -1, 0.5), (2, -1, 0.2), (3, 0, 0.9)]:
+        full.add(t, p, c)
+    assert paths_of(rerank(full, 2)) == {(1,), (1, 3)}
+
+
+def test_step_timer_ratio():
+    timer = StepTimer(initial_ratio=0.2)
+    assert timer.ratio == 0.2
+    timer.calibrate(0.01, 0.1)
+    assert timer.ratio == pytest.approx(0.1)
+    timer.draft(0.03)
+    assert timer.s_d == pytest.approx(0.9 * 0.01 + 0.1 * 0.03)
+    assert StepTimer(fixed_ratio=0.05).ratio == 0.05
+
+
+# ------------------------------------------------------------------ EDD trees through the tree core
+@pytest.fixture(scope="module")
+def target_and_edd():
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
+
+    from tests.conftest import tiny_llama
+
+    target = tiny_llama(num_hidden_layers=4)
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    edd.init_from_target(target)
+    return target, edd
+
+
+@pytest.mark.parametrize("builder", ["pct", "vct", "eagle2", "chain"])
+def test_edd_trees_are_lossless_greedy(target_and_edd, builder):
+    from hf_specdec.edd_generation import EddTreeProposer
+    from hf_specdec.stats import DecodeStats
+    from hf_specdec.tree_decoding import tree_generate
+
+    target, edd = target_and_edd
+    kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    proposer = EddTreeProposer(edd, builder, ratio=0.1 if builder == "pct" else None)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        ids = torch.randint(3, 90, (1, 8))
+        stats = DecodeStats()
+        out = target.generate(ids, custom_generate=tree_generate, proposer=proposer, stats=stats, **kw)
+        assert torch.equal(out, target.generate(ids, **kw))
+        assert stats.target_forwards < 24  # drafts were accepted
+        assert stats.drafted > 0
+
+
+def test_edd_tree_step_matches_chain_computation(target_and_edd):
+    """EDD's tree forward (one query per node, tree mask) gives the same distribution at a node as running the
+    path as a chain."""
+    from hf_specdec.edd_generation import EddDraftState, EddTreeExpander
+
+    target, edd = target_and_edd
+    ids = torch.randint(3, 90, (1, 7))
+    with torch.no_grad():
+        h = target.base_model(ids[:, :-1], output_hidden_states=True).hidden_states[edd.config.encoder_layer]
+        state = EddDraftState(edd)
+        state.push_hidden(h)
+        exp = EddTreeExpander(state, ids)
+        tree = grow_fixed(exp, width=2, depth=3)  # feeds the root, then 2, then 4 nodes
+        node = max(
+            i for i in range(len(tree)) if tree.depth[i] == 2
+        )  # fed, its parent fed in an earlier step
+        probs_tree = exp.expand([node], tree)[0]  # fed again in a later step: sees root + ancestors only
+        path = []
+        n = node
+        while n != ROOT:
+            path.append(tree.tokens[n])
+            n = tree.parents[n]
+        path = path[::-1]
+        x = torch.cat([h, edd.embed(torch.cat([ids[:, -1:], torch.tensor([path])], dim=1))], dim=1)
+        ref = edd.draft_logits(edd.decode(x, torch.arange(x.shape[1])[None])[:, -1]).softmax(-1)[0]
+    torch.testing.assert_close(probs_tree, ref, rtol=1e-4, atol=1e-6)

@@ -1,0 +1,282 @@
+"""Train an EDD drafter for a target (edd-pct.txt §3.1, App. B): ``hf-specdec train edd --output-dir DIR``.
+
+Data: ShareGPT conversations in the target's chat template, packed into blocks, assistant tokens supervised
+(``trainers/data.py``), with a validation split. Each step the frozen target encodes the batch under no_grad
+(its hidden states of layer ``encoder_layer`` are EDD's soft prompt, its next-token distribution the KL target),
+EDD runs teacher-forced under the dual-block mask with a block length drawn from [5, 10] (``trainers/masks.py``),
+and the loss is ``KL(P_t || P_d)`` (eq. 4; ``trainers/losses.py``). Trainer: the shared ``DrafterTrainer``
+(``trainers/drafter_trainer.py``) with the loss swapped by :class:`EddTrainer`. Resumable (``--resume``),
+progress bar, validation (KL, CE, top-1 agreement with the target), loss curve and model card.
+
+Ablations of Table 3: ``--no-soft-prompt`` (w/o encoding result), ``--loss ce`` (w/o KL divergence),
+``--block-min 5 --block-max 5`` (w/o random division length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hf_specdec.errors import SpecDecError
+
+DEFAULT_EDD_DIR = "runs/edd-smollm2"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target", default=None, help="target model folder or cached Hub id (default: SmolLM2-135M)"
+    )
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--output-dir", required=True, help="where checkpoints, curve and the final drafter go")
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument(
+        "--max-minutes", type=float, default=None, help="stop (and save) after this much wall time"
+    )
+    p.add_argument("--block-size", type=int, default=256, help="packed sequence length")
+    p.add_argument("--batch-size", type=int, default=4, help="paper: 8")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument(
+        "--lr", type=float, default=3e-4, help="AdamW learning rate (paper: 1e-4 for one full epoch)"
+    )
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument(
+        "--encoder-layer", type=int, default=None, help="target hidden_states index (default: [-4])"
+    )
+    p.add_argument("--no-soft-prompt", action="store_true", help="ablation: w/o encoding result")
+    p.add_argument("--loss", choices=["kl", "ce"], default="kl", help="kl = eq. 4 (paper); ce = ablation")
+    p.add_argument("--block-min", type=int, default=5, help="shortest block length L of the dual-block mask")
+    p.add_argument("--block-max", type=int, default=10, help="longest block length L (equal to min: fixed L)")
+    p.add_argument(
+        "--init", choices=["target", "random"], default="target", help="warm start the layer from the target"
+    )
+    p.add_argument("--eval-blocks", type=int, default=16, help="validation blocks")
+    p.add_argument("--eval-steps", type=int, default=50)
+    p.add_argument("--save-steps", type=int, default=50)
+    p.add_argument("--logging-steps", type=int, default=5)
+    p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _trainer_class():
+    from hf_specdec.trainers.drafter_trainer import DrafterTrainer
+    from hf_specdec.trainers.losses import draft_loss
+
+    class EddTrainer(DrafterTrainer):
+        """``DrafterTrainer`` whose training loss is the drafter's configured one: KL (eq. 4) or CE."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            drafter = self.accelerator.unwrap_model(model)
+            kind = drafter.config.loss
+            r = self._forward(model, inputs["input_ids"], inputs["labels"], need_target_logits=kind == "kl")
+            loss = draft_loss(kind, r["logits"], r["gold"], r.get("target_logits"))
+            return (loss, {"logits": r["logits"]}) if return_outputs else loss
+
+    return EddTrainer
+
+
+def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
+    """Greedy tau/alpha of the chain (``assistant_model=drafter``) and of PCT on the first mt-bench prompts, and
+    whether both outputs equal plain greedy decoding."""
+    from hf_specdec.edd_generation import EddTreeProposer
+    from hf_specdec.stats import DecodeStats, ForwardMeter
+    from hf_specdec.tasks import load_task
+    from hf_specdec.tree_decoding import tree_generate
+
+    rows = load_task("mt-bench", tokenizer, prompts)
+    chain, tree = DecodeStats(), DecodeStats()
+    identical = True
+    proposer = EddTreeProposer(drafter, "pct")
+    for row in rows:
+        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids
+        kw = dict(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+        )
+        with torch.no_grad():
+            ref = target.generate(**kw)
+            with ForwardMeter(target) as meter:
+                out = target.generate(**kw, assistant_model=drafter)
+            s = meter.chain_stats(ids.shape[1], out.shape[1] - ids.shape[1], 0.0)
+            out_tree = target.generate(**kw, custom_generate=tree_generate, proposer=proposer, stats=tree)
+        identical &= torch.equal(ref, out) and torch.equal(ref, out_tree)
+        chain.new_tokens += s.new_tokens
+        chain.target_forwards += s.target_forwards
+        chain.drafted += s.drafted
+        chain.accepted += s.accepted
+    steps = [st for st in tree.steps if st["nodes"]]
+    return {
+        "prompts": len(rows),
+        "max_new_tokens": max_new_tokens,
+        "chain_tau": round(chain.tau, 3),
+        "chain_alpha": round(chain.alpha or 0.0, 3),
+        "pct_tau": round(tree.tau, 3),
+        "pct_nodes_per_step": round(sum(st["nodes"] for st in steps) / max(len(steps), 1), 2),
+        "pct_s_d/s_t": round(proposer.timer.ratio, 4),
+        "identical_to_greedy": bool(identical),
+    }
+
+
+def write_model_card(out_dir: str | Path, info: dict) -> Path:
+    out_dir = Path(out_dir)
+    lines = [
+        f"# EDD drafter for {info['target']['name']}",
+        "",
+        "An Effective Draft Decoder (edd-pct.txt §3.1) for lossless speculative decoding with `hf_specdec`: one "
+        "decoder layer of the target's architecture reading the target's hidden states as a soft prompt. Embedding "
+        "and LM head are the target's and are not stored here. Use with",
+        "",
+        "```python",
+        "import hf_specdec",
+        "from hf_specdec.modeling import EddForCausalLM",
+        "from hf_specdec.edd_generation import EddTreeProposer",
+        "from hf_specdec.tree_decoding import tree_generate",
+        "target, tok = hf_specdec.load_default_target('fp32')",
+        f"edd = EddForCausalLM.from_pretrained('{out_dir}', target=target)",
+        "target.generate(**inputs, assistant_model=edd)                       # chain drafts (gamma = 5)",
+        "target.generate(**inputs, custom_generate=tree_generate, proposer=EddTreeProposer(edd, 'pct'))  # PCT",
+        "```",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| target | {info['target']['name']} ({info['target']['model_type']}, hidden {info['target']['hidden_size']}, "
+        f"{info['target']['num_hidden_layers']} layers, vocab {info['target']['vocab_size']}, "
+        f"embedding sha1 {info['target']['embedding_sha1'][:12]}) |",
+    ]
+    for key, label in [
+        ("architecture", "architecture"),
+        ("data", "data"),
+        ("steps", "optimizer steps"),
+        ("train_tokens", "training tokens (packed, incl. unsupervised)"),
+        ("budget", "budget"),
+        ("validation", "validation (held-out ShareGPT, L = 5)"),
+        ("measured", "measured (greedy, mt-bench)"),
+        ("command", "command"),
+    ]:
+        if key in info:
+            value = info[key]
+            if isinstance(value, dict):
+                value = ", ".join(f"{k} {v}" for k, v in value.items())
+            lines.append(f"| {label} | {value} |")
+    lines += [
+        "",
+        "tau = tokens per target forward (bonus token included), alpha = accepted / drafted tokens; top1_match = "
+        "how often EDD's argmax equals the target's on validation tokens; kl = KL(P_t || P_d) per token.",
+        "",
+    ]
+    (out_dir / "model_card.json").write_text(json.dumps(info, indent=1))
+    path = out_dir / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def run(args) -> int:
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
+    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.drafter_trainer import TimeLimitCallback, write_training_curve
+    from transformers import TrainingArguments, set_seed
+
+    from hf_specdec.target import load_target
+
+    if args.max_steps < 1:
+        raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
+    if not 1 <= args.block_min <= args.block_max:
+        raise SpecDecError(f"need 1 <= --block-min <= --block-max (got {args.block_min}, {args.block_max})")
+    set_seed(args.seed)
+    t_start = time.perf_counter()
+    target, tokenizer = load_target(args.target, args.dtype)
+    target.requires_grad_(False)
+    n_train = args.max_steps * args.batch_size * args.grad_accum
+    print(
+        f"packing ShareGPT into {n_train} train / {args.eval_blocks} validation blocks of {args.block_size} tokens"
+    )
+    train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train)
+    valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.eval_blocks)
+    config = EddConfig.for_target(
+        target,
+        encoder_layer=args.encoder_layer,
+        soft_prompt=not args.no_soft_prompt,
+        block_min=args.block_min,
+        block_max=args.block_max,
+        loss=args.loss,
+    )
+    drafter = EddForCausalLM(config).to(target.dtype)
+    drafter.attach_target(target)
+    if args.init == "target":
+        drafter.init_from_target(target)
+
+    targs = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.lr,
+        weight_decay=0.0,
+        lr_scheduler_type="cosine",
+        warmup_steps=args.warmup_steps,
+        logging_steps=args.logging_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=args.seed,
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=False,
+    )
+    trainer = _trainer_class()(
+        model=drafter,
+        args=targs,
+        train_dataset=train,
+        eval_dataset=valid,
+        target=target,
+        callbacks=[TimeLimitCallback(args.max_minutes * 60 if args.max_minutes else None)],
+    )
+    resume = None
+    if args.resume:
+        ckpts = sorted(Path(args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        if not ckpts:
+            raise SpecDecError(
+                f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
+            )
+        resume = str(ckpts[-1])
+    t_train = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.perf_counter() - t_train
+    metrics = trainer.evaluate()
+    drafter.save_pretrained(args.output_dir)
+    write_training_curve(trainer.state.log_history, args.output_dir)
+    info = {
+        "target": config.target,
+        "architecture": (
+            f"1 {config.layer_config['model_type']} decoder layer (hidden {config.hidden_size}), soft prompt = "
+            + (f"target hidden_states[{config.encoder_layer}]" if config.soft_prompt else "none (ablation)")
+            + f", dual-block mask L ~ U[{config.block_min}, {config.block_max}], loss {config.loss}, init {args.init}"
+        ),
+        "data": f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised)",
+        "steps": trainer.state.global_step,
+        "train_tokens": trainer.state.global_step * args.batch_size * args.grad_accum * args.block_size,
+        "budget": f"{train_seconds / 60:.1f} min on {torch.get_num_threads()} CPU threads ({args.dtype}), "
+        f"batch {args.batch_size}x{args.grad_accum}, lr {args.lr}",
+        "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
+        "command": "hf-specdec " + shlex.join(sys.argv[1:])
+        if sys.argv and "hf-specdec" in sys.argv[0]
+        else "",
+    }
+    if args.measure_prompts:
+        info["measured"] = measure(target, tokenizer, drafter, args.measure_prompts)
+        print(f"measured on {args.measure_prompts} mt-bench prompts: {info['measured']}")
+    write_model_card(args.output_dir, info)
+    print(
+        f"saved EDD to {args.output_dir} ({trainer.state.global_step} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
+    )
+    return 0

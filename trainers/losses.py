@@ -1,0 +1,48 @@
+"""Drafter training losses (edd-pct.txt §3.1).
+
+- ``kl_loss``: eq. 4, ``D_KL(P_t || P_d) = sum_x P_t(x) log(P_t(x) / P_d(x))`` between the target's next-token
+  distribution ``P_t`` (obtained for free while the frozen target encodes the text) and the drafter's ``P_d``,
+  averaged over the supervised positions. Soft-label distillation: the drafter is pushed towards the target's
+  whole distribution, which is what the acceptance rate depends on.
+- ``ce_loss``: cross entropy against the data's next tokens (the "w/o KL divergence" ablation, Table 3).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def kl_loss(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Mean over rows of ``KL(softmax(target/T) || softmax(draft/T))``; both ``(N, V)``. 0 for N == 0."""
+    if draft_logits.shape != target_logits.shape:
+        raise ValueError(f"logit shapes differ: {tuple(draft_logits.shape)} vs {tuple(target_logits.shape)}")
+    if draft_logits.shape[0] == 0:
+        return draft_logits.sum() * 0.0
+    log_p = (target_logits.float() / temperature).log_softmax(-1)
+    log_q = (draft_logits.float() / temperature).log_softmax(-1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+
+
+def ce_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of ``(N, V)`` logits against ``(N,)`` labels (``-100`` ignored); 0 if nothing is supervised."""
+    if labels.numel() == 0 or bool((labels == IGNORE_INDEX).all()):
+        return draft_logits.sum() * 0.0
+    return F.cross_entropy(draft_logits.float(), labels, ignore_index=IGNORE_INDEX)
+
+
+def draft_loss(
+    kind: str, draft_logits: torch.Tensor, labels: torch.Tensor, target_logits: torch.Tensor | None
+):
+    """``kind`` = ``"kl"`` (eq. 4, needs ``target_logits``) or ``"ce"``."""
+    if kind == "kl":
+        if target_logits is None:
+            raise ValueError("the KL loss needs the target's logits")
+        return kl_loss(draft_logits, target_logits)
+    if kind == "ce":
+        return ce_loss(draft_logits, labels)
+    raise ValueError(f"unknown loss {kind!r}; use 'kl' or 'ce'")
