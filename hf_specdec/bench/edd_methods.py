@@ -1,0 +1,125 @@
+"""Bench methods for EDD (edd-pct.txt §3.1) and its candidate trees (§3.2, App. A).
+
+- ``edd``: chain drafts of gamma = 5 through ``target.generate(assistant_model=edd)`` (Table 1's setting);
+  stats inferred from the target's forwards.
+- ``edd-pct``: PCT (width 5, max depth 10, removal threshold 0.01, s_d/s_t measured while decoding).
+- ``edd-vct``: the vanilla candidate tree, width 3, depth 5 (App. A).
+- ``edd-eagle2``: EAGLE-2-style re-ranked tree, top-10 expansion, depth 6, 50 nodes (App. A).
+
+Trees run in the tree core's ``tree_generate`` and report their own ``DecodeStats`` (nodes per step in
+``steps``). Checkpoint: ``--option edd=PATH``, else ``runs/edd-smollm2`` (what ``hf-specdec train edd`` writes in
+docs/edd-pct.md), else the one shipped in ``hf_specdec/resources/edd-smollm2``. Table 3's ablations are
+checkpoints trained with ``--no-soft-prompt`` / ``--loss ce`` / ``--block-min 5 --block-max 5`` benched with
+``--option edd=PATH``. Other options: ``gamma`` (chain length), ``pct_width``, ``pct_depth``, ``pct_removal``,
+``pct_ratio`` (pin s_d/s_t instead of measuring it), ``eagle2_total``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecDecError
+from ..stats import DecodeStats
+from .methods import Method, _greedy, register
+
+PACKAGED = Path(__file__).resolve().parent.parent / "resources" / "edd-smollm2"
+DEFAULTS = [Path("runs/edd-smollm2"), PACKAGED]
+
+
+def find_edd_checkpoint(option: str | None) -> Path:
+    candidates = [Path(option)] if option else DEFAULTS
+    for path in candidates:
+        if (path / "config.json").is_file():
+            return path
+    raise SpecDecError(
+        f"no EDD checkpoint at {', '.join(map(str, candidates))}: train one with "
+        f"`hf-specdec train edd --output-dir {DEFAULTS[0]}` or pass --option edd=PATH"
+    )
+
+
+_LOADED: dict[tuple[str, int], object] = {}
+
+
+def load_edd(ctx):
+    """One EDD per (checkpoint, target) for all the EDD methods of a bench run."""
+    from hf_specdec.modeling import EddForCausalLM
+
+    path = find_edd_checkpoint(ctx.options.get("edd"))
+    key = (str(path.resolve()), id(ctx.model))
+    if key not in _LOADED:
+        _LOADED[key] = EddForCausalLM.from_pretrained(path, target=ctx.model, dtype=ctx.model.dtype).eval()
+    return _LOADED[key]
+
+
+@register
+class EddChain(Method):
+    name = "edd"
+    description = "EDD drafter, chain of gamma=5 drafts via assistant_model"
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self.edd = load_edd(ctx)
+        if "gamma" in ctx.options:
+            self.edd.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
+
+    def generate(self, input_ids, max_new_tokens):
+        return _greedy(self.model, input_ids, max_new_tokens, assistant_model=self.edd), None
+
+
+class _EddTree(Method):
+    builder = "pct"
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        from hf_specdec.edd_generation import EddTreeProposer
+
+        o = ctx.options
+        kwargs = {}
+        if self.builder == "pct":
+            kwargs = dict(
+                width=int(o.get("pct_width", 5)),
+                depth=int(o.get("pct_depth", 10)),
+                removal_threshold=float(o.get("pct_removal", 0.01)),
+                ratio=float(o["pct_ratio"]) if "pct_ratio" in o else None,
+            )
+        elif self.builder == "eagle2":
+            kwargs = dict(total_tokens=int(o.get("eagle2_total", 50)))
+        self.proposer = EddTreeProposer(load_edd(ctx), self.builder, **kwargs)
+
+    def generate(self, input_ids, max_new_tokens):
+        from hf_specdec.tree_decoding import tree_generate
+
+        stats = DecodeStats()
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            custom_generate=tree_generate,
+            proposer=self.proposer,
+            stats=stats,
+        )
+        return out[0, input_ids.shape[1] :], stats
+
+
+@register
+class EddPct(_EddTree):
+    name = "edd-pct"
+    description = "EDD + Pruned Candidate Tree (width 5, depth <= 10, measured s_d/s_t, removal 0.01)"
+    builder = "pct"
+
+
+@register
+class EddVct(_EddTree):
+    name = "edd-vct"
+    description = "EDD + vanilla candidate tree (width 3, depth 5)"
+    builder = "vct"
+
+
+@register
+class EddEagle2(_EddTree):
+    name = "edd-eagle2"
+    description = "EDD + EAGLE-2-style re-ranked tree (top-10, depth 6, 50 nodes)"
+    builder = "eagle2"
