@@ -16,6 +16,15 @@ from .conftest import tiny_gpt2, tiny_llama
 from .test_tree_mask import random_tree
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _tree_forward(model, prompt, tree):
     cache = DynamicCache(config=model.config)
     model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)

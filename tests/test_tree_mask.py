@@ -14,6 +14,15 @@ from hf_specdec.tree import TokenTree, additive_mask
 from .conftest import tiny_gpt2, tiny_llama
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def random_tree(rng: random.Random, n: int, vocab: int = 97) -> TokenTree:
     return TokenTree.from_additions([(rng.randint(-1, i - 1), rng.randint(3, vocab - 1)) for i in range(n)])
 
