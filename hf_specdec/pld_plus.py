@@ -52,11 +52,14 @@ from .errors import SpecDecError
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 
-# Defaults tuned on the `summarize` task only (docs/pld-plus.md, "Tuning"); the layer is stored as a fraction of
-# the depth so that it transfers to models of another depth.
-DEFAULT_NUM_TOKENS = 20
-DEFAULT_LAYER_FRACTION = 4 / 30
+# Defaults tuned on the `summarize` task only (`hf-specdec pld-tune`, docs/pld-plus.md "Tuning"): layer 14 of
+# SmolLM2's 30 (stored as a fraction of the depth so that it transfers to other depths), K = 10, the top 10 heads,
+# and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a verification forward
+# costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
+DEFAULT_NUM_TOKENS = 10
+DEFAULT_LAYER_FRACTION = 14 / 30
 DEFAULT_TOP_HEADS = 10
+DEFAULT_MIN_SCORE = {"hidden": 0.8, "attention": 0.2}
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,9 @@ _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("pld_
 _WRAPPER_PREFIX = "pld_plus|"
 
 
-def _selected_weights(module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> torch.Tensor | None:
+def _selected_weights(
+    module, query: torch.Tensor, key: torch.Tensor, scaling: float | None
+) -> torch.Tensor | None:
     """Softmax attention of the selected heads of ``module`` (``None`` when none is selected there).
 
     Batch size 1 and no padding (assisted decoding's own restriction): query row ``i`` of ``q`` rows sits at key
@@ -288,8 +293,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self._row_offset = 0  # absolute position of row 0 in `_rows`
         self._pending: tuple[int, int] | None = None  # (output position, source position) of the last draft
         self.spans: list[CopiedSpan] = []
-        self.steps = 0
-        self.drafted_steps = 0
+        self.steps = 0  # drafting opportunities (calls after the prefill)
+        self.drafted_steps = 0  # ... that proposed a draft
+        self.drafted_tokens = 0
 
     # -- artifacts --------------------------------------------------------------------------------------------
     def _absorb(self, outputs, n: int) -> None:
@@ -305,7 +311,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             attentions = [a for a in (outputs.attentions or ()) if a is not None]
             if self.heads_only:
                 if len(attentions) != len(self._layers):
-                    raise RuntimeError("PLD+: the verification forward did not return the selected attentions")
+                    raise RuntimeError(
+                        "PLD+: the verification forward did not return the selected attentions"
+                    )
                 rows = attentions
             else:
                 rows = [attentions[layer][:, self.heads[layer]] for layer in self._layers]
@@ -354,28 +362,38 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
                 draft = draft[: int(eos[0]) + 1]
         self._pending = (n, j + 1)
         self.drafted_steps += 1
+        self.drafted_tokens += draft.shape[0]
         return torch.cat([input_ids, draft[None].to(input_ids.device)], dim=1), None
 
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
-        if self._pending is not None and num_matches > 0:
-            self.spans.append(CopiedSpan(self._pending[0], self._pending[1], int(num_matches)))
+    def update_candidate_strategy(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int
+    ):
+        """Record the copied-and-accepted span (App. D attribution). The token after the accepted draft tokens (the
+        target's own, or an EOS the loop cut at) counts as copied too when it equals the source's next token."""
+        if self._pending is not None:
+            out_start, src_start = self._pending
+            length = int(num_matches)
+            after = out_start + length
+            if after < input_ids.shape[1] and int(input_ids[0, after]) == int(
+                input_ids[0, src_start + length]
+            ):
+                length += 1
+            if length > 0:
+                self.spans.append(CopiedSpan(out_start, src_start, length))
         self._pending = None
 
 
-def merge_spans(spans: list[CopiedSpan], sequence: torch.Tensor) -> list[CopiedSpan]:
-    """Join consecutive spans that continue the same source, counting the bonus token between them when it equals
-    the source's next token (a fully accepted draft followed by the token the source has next)."""
+def merge_spans(spans: list[CopiedSpan]) -> list[CopiedSpan]:
+    """Join consecutive spans that continue the same source (a long copy verified over several steps)."""
     merged: list[CopiedSpan] = []
     for span in spans:
         if merged:
             last = merged[-1]
-            gap_out, gap_src = last.output_start + last.length, last.source_start + last.length
             if (
-                span.output_start == gap_out + 1
-                and span.source_start == gap_src + 1
-                and int(sequence[gap_out]) == int(sequence[gap_src])
+                span.output_start == last.output_start + last.length
+                and span.source_start == last.source_start + last.length
             ):
-                merged[-1] = CopiedSpan(last.output_start, last.source_start, last.length + 1 + span.length)
+                merged[-1] = CopiedSpan(last.output_start, last.source_start, last.length + span.length)
                 continue
         merged.append(span)
     return merged
@@ -439,7 +457,8 @@ def pld_plus(
         pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the default
             target.
         pld_top_heads: how many of the file's top-ranked heads PLD+(a) uses (default :data:`DEFAULT_TOP_HEADS`).
-        pld_min_score: no draft when the best occurrence scores below this (cosine for (h), attention for (a)).
+        pld_min_score: no draft when the best occurrence scores below this (cosine for (h), attention for (a));
+            default :data:`DEFAULT_MIN_SCORE`, ``-1`` turns it off.
         pld_return_attribution: return a :class:`PLDPlusGenerateOutput` whose ``attribution`` lists, for every
             copied-and-accepted span, the context position it was copied from (App. D).
     """
@@ -452,7 +471,7 @@ def pld_plus(
         num_draft_tokens=DEFAULT_NUM_TOKENS if pld_num_tokens is None else pld_num_tokens,
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
-        min_score=pld_min_score,
+        min_score=DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score),
     )
     if variant == "hidden":
         generator = PLDPlusCandidateGenerator(
@@ -482,8 +501,7 @@ def pld_plus(
         )
     if not pld_return_attribution:
         return out
-    sequences = out if isinstance(out, torch.Tensor) else out.sequences
-    spans = merge_spans(generator.spans, sequences[0])
+    spans = merge_spans(generator.spans)
     if isinstance(out, torch.Tensor):
         return PLDPlusGenerateOutput(sequences=out, attribution=spans)
     return PLDPlusGenerateOutput(**dict(out.items()), attribution=spans)

@@ -84,13 +84,13 @@ def hidden_rank(unit: torch.Tensor, min_score: float | None = None) -> Ranker:
     return rank
 
 
-def attention_rank(rows: torch.Tensor, row_offset: int) -> Ranker:
+def attention_rank(rows: torch.Tensor, row_offset: int, min_score: float | None = None) -> Ranker:
     """``rows``: (heads, queries, keys) attention of the selected heads; query ``i`` is position ``row_offset+i``."""
 
     def rank(ids: torch.Tensor) -> int | None:
         n = ids.shape[0]
-        j, _ = rank_by_attention(rows[:, n - 2 - row_offset, : n - 1], occurrences(ids))
-        return j
+        j, score = rank_by_attention(rows[:, n - 2 - row_offset, : n - 1], occurrences(ids))
+        return None if j is None or (min_score is not None and score < min_score) else j
 
     return rank
 
@@ -126,17 +126,21 @@ def interpolate(times: dict[int, float], q: int) -> float:
     return times[b] + (times[b] - times[a]) * (q - b) / (b - a)
 
 
-def _parse_ints(text: str) -> list[int]:
+def _parse_floats(text: str) -> list[float]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SpecDecError(f"expected a comma-separated list of integers, got {text!r}") from None
+        raise SpecDecError(f"expected a comma-separated list of numbers, got {text!r}") from None
+
+
+def _parse_ints(text: str) -> list[int]:
+    return [int(x) for x in _parse_floats(text)]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "pld-tune",
-        help="tune PLD+'s K / layer / number of heads on a task by exact greedy replay",
+        help="tune PLD+'s K / layer / heads / threshold on a task by exact greedy replay",
         description=__doc__.split("\n\n")[1],
     )
     p.add_argument("--task", default="summarize")
@@ -144,12 +148,17 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--model", default=None)
-    p.add_argument("--layers", default="all", help="hidden-state indices to try, or 'all' (default)")
-    p.add_argument("--layer-k", type=int, default=10, help="K used while sweeping layers (paper: 10)")
-    p.add_argument("--ks", default="5,10,15,20,30,50,70", help="K values swept for the chosen layer / heads")
-    p.add_argument("--top-heads", default="1,3,5,10,20,30,50", help="numbers of heads tried for PLD+(a)")
+    p.add_argument("--layers", default="all", help="hidden-state indices to sweep, or 'all' (default)")
+    p.add_argument("--sweep-k", type=int, default=10, help="K while sweeping layers / heads (paper: 10)")
+    p.add_argument("--ks", default="5,8,10,12,16,20,30", help="K values tried at the chosen layer / heads")
+    p.add_argument("--top-heads", default="1,3,5,10,20,50", help="numbers of heads swept for PLD+(a)")
     p.add_argument("--heads", default=None, help="heads file for PLD+(a) (default: the shipped one)")
-    p.add_argument("--min-scores", default="", help="PLD+(h) thresholds to try at the chosen layer / K, e.g. 0,0.5")
+    p.add_argument(
+        "--h-thresholds", default="-1,0.6,0.7,0.8,0.85,0.9", help="PLD+(h) min cosine values tried"
+    )
+    p.add_argument(
+        "--a-thresholds", default="0,0.05,0.1,0.2,0.3,0.4", help="PLD+(a) min attention values tried"
+    )
     p.set_defaults(func=run)
 
 
@@ -161,40 +170,55 @@ def run(args) -> int:
 
     model, tokenizer = load_target(args.model, args.dtype)
     ds = load_task(args.task, tokenizer, args.limit)
-    eos = {int(model.generation_config.eos_token_id)} if isinstance(model.generation_config.eos_token_id, int) else set(
-        model.generation_config.eos_token_id or []
-    )
+    eos_ids = model.generation_config.eos_token_id
+    eos = {int(eos_ids)} if isinstance(eos_ids, int) else {int(e) for e in eos_ids or []}
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers + 1)) if args.layers == "all" else _parse_ints(args.layers)
     ks, tops = _parse_ints(args.ks), _parse_ints(args.top_heads)
-    thresholds = [float(x) for x in args.min_scores.split(",") if x.strip()]
-    heads_ranked = read_heads_file(args.heads or default_heads_file(model), model=model)
-    all_heads = {layer: torch.arange(model.config.num_attention_heads) for layer in range(n_layers)}
+    h_thresholds, a_thresholds = _parse_floats(args.h_thresholds), _parse_floats(args.a_thresholds)
+    ranked = read_heads_file(args.heads or default_heads_file(model), model=model, top=max(tops))
+    capture = {}
+    for layer, head in ranked:
+        capture.setdefault(layer, []).append(head)
+    capture = {layer: torch.tensor(sorted(hs)) for layer, hs in capture.items()}
 
-    samples = []  # (seq, start, unit states per layer, attention rows per (layer, head), row offset)
+    samples = []  # (seq, start, unit hidden states per layer, (heads, rows, keys) attention in ranked order)
     for row in ds:
         prompt = tokenizer(row["prompt"], return_tensors="pt").input_ids
         seq = model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=args.max_new_tokens, do_sample=False
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=args.max_new_tokens,
+            do_sample=False,
         )[0]
         start = prompt.shape[1]
         rows = seq.shape[0] - start + 1
-        with torch.no_grad(), capture_selected_attention(model, all_heads, last_rows=rows):
-            out = model(seq[None], output_hidden_states=True, output_attentions=True, use_cache=False, logits_to_keep=1)
+        with torch.no_grad(), capture_selected_attention(model, capture, last_rows=rows):
+            out = model(
+                seq[None],
+                output_hidden_states=True,
+                output_attentions=True,
+                use_cache=False,
+                logits_to_keep=1,
+            )
         unit = [torch.nn.functional.normalize(h[0].float(), dim=-1) for h in out.hidden_states]
-        att = {(layer, head): a[0, head, -rows:].float() for layer, a in enumerate(out.attentions) for head in
-               range(a.shape[1])}
-        samples.append((seq, start, unit, att, start - 1))
+        weights = [a for a in out.attentions if a is not None]
+        by_head = {
+            (layer, int(head)): w[0, i, -rows:].float()
+            for layer, w in zip(sorted(capture), weights)
+            for i, head in enumerate(capture[layer])
+        }
+        samples.append((seq, start, unit, torch.stack([by_head[h] for h in ranked])))
         print(f"prompt {row['id']}: {start} prompt tokens, {seq.shape[0] - start} new", flush=True)
 
-    times = forward_times(model, samples[0][0][: samples[0][1]], [1, 2, 4, 8, 16, 32, 64, 96])
+    times = forward_times(model, samples[0][0][: samples[0][1]], [1, 2, 4, 8, 16, 32, 64])
     print("target forward times (ms): " + ", ".join(f"q={q}: {t * 1000:.1f}" for q, t in times.items()))
 
     def evaluate(make_rank: Callable, k: int) -> tuple[float, float]:
         new = fwd = 0
         cost = base = 0.0
-        for seq, start, unit, att, off in samples:
-            r = replay(seq, start, make_rank(unit, att, off), k, eos, start + args.max_new_tokens)
+        for seq, start, unit, att in samples:
+            r = replay(seq, start, make_rank(unit, att, start - 1), k, eos, start + args.max_new_tokens)
             new += r.new_tokens
             fwd += r.forwards
             cost += sum(interpolate(times, q) for q in r.verify_sizes[1:])
@@ -202,35 +226,44 @@ def run(args) -> int:
         return new / fwd, base / cost
 
     lines = ["| setting | K | tau | est. speedup vs ar |", "|---|---:|---:|---:|"]
-    tau, sp = evaluate(lambda u, a, o: hf_pld_rank(2), 10)
-    lines.append(f"| hf-pld (2-gram, first match) | 10 | {tau:.2f} | {sp:.2f}x |")
-    best_layer, best_tau = None, -1.0
-    for layer in layers:
-        tau, sp = evaluate(lambda u, a, o, layer=layer: hidden_rank(u[layer]), args.layer_k)
-        lines.append(f"| PLD+(h) l={layer} | {args.layer_k} | {tau:.2f} | {sp:.2f}x |")
-        if tau > best_tau:
-            best_layer, best_tau = layer, tau
-    for k in ks:
-        tau, sp = evaluate(lambda u, a, o: hidden_rank(u[best_layer]), k)
-        lines.append(f"| PLD+(h) l={best_layer} (best tau at K={args.layer_k}) | {k} | {tau:.2f} | {sp:.2f}x |")
-    for theta in thresholds:
+
+    def row(name: str, k: int, make_rank: Callable) -> tuple[float, float]:
+        tau, speed = evaluate(make_rank, k)
+        lines.append(f"| {name} | {k} | {tau:.2f} | {speed:.2f}x |")
+        return tau, speed
+
+    row("hf-pld (2-gram, first match)", 10, lambda u, a, o: hf_pld_rank(2))
+    taus = {
+        layer: row(f"PLD+(h) l={layer}", args.sweep_k, lambda u, a, o, la=layer: hidden_rank(u[la]))[0]
+        for layer in layers
+    }
+    layer = max(taus, key=taus.get)
+    best = {}
+    for theta in h_thresholds:
         for k in ks:
-            tau, sp = evaluate(lambda u, a, o, th=theta: hidden_rank(u[best_layer], th), k)
-            lines.append(f"| PLD+(h) l={best_layer}, min_score={theta} | {k} | {tau:.2f} | {sp:.2f}x |")
-    best_top, best_tau = None, -1.0
-    for top in tops:
-        sel = heads_ranked[:top]
-
-        def make(u, a, o, sel=sel):
-            return attention_rank(torch.stack([a[h] for h in sel]), o)
-
-        tau, sp = evaluate(make, args.layer_k)
-        lines.append(f"| PLD+(a) top {top} heads | {args.layer_k} | {tau:.2f} | {sp:.2f}x |")
-        if tau > best_tau:
-            best_top, best_tau = top, tau
-    sel = heads_ranked[:best_top]
-    for k in ks:
-        tau, sp = evaluate(lambda u, a, o: attention_rank(torch.stack([a[h] for h in sel]), o), k)
-        lines.append(f"| PLD+(a) top {best_top} heads (best tau at K={args.layer_k}) | {k} | {tau:.2f} | {sp:.2f}x |")
+            best[(theta, k)] = row(
+                f"PLD+(h) l={layer}, min_score={theta}",
+                k,
+                lambda u, a, o, th=theta: hidden_rank(u[layer], th),
+            )[1]
+    theta_h, k_h = max(best, key=best.get)
+    taus = {
+        top: row(f"PLD+(a) top {top} heads", args.sweep_k, lambda u, a, o, t=top: attention_rank(a[:t], o))[0]
+        for top in tops
+    }
+    top = max(taus, key=taus.get)
+    best = {}
+    for theta in a_thresholds:
+        for k in ks:
+            best[(theta, k)] = row(
+                f"PLD+(a) top {top} heads, min_score={theta}",
+                k,
+                lambda u, a, o, th=theta: attention_rank(a[:top], o, th),
+            )[1]
+    theta_a, k_a = max(best, key=best.get)
     print("\n".join(lines))
+    print(
+        f"best by tau (K={args.sweep_k}): layer {layer}, top {top} heads; best by est. speedup: "
+        f"PLD+(h) min_score={theta_h} K={k_h}; PLD+(a) min_score={theta_a} K={k_a}"
+    )
     return 0
