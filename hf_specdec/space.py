@@ -1,0 +1,289 @@
+"""SPACE auto-correct decoding (space.txt §3.2, Alg. 1, eq. 4-7, Fig. 7) as a ``custom_generate`` loop.
+
+A model fine-tuned with SAR-SFT (``hf-specdec train space``) predicts, at a group of ``k`` mask tokens
+``[M]`` placed after its last real token, the tokens 2..k+1 places ahead. One forward per step then both
+*verifies* the k candidates of the previous step and *drafts* the next k (eq. 4)::
+
+    I = x_1 .. x_l, [M]*k, c_1, [M]*k, c_2, ..., c_k, [M]*k
+
+- attention (eq. 5, Fig. 7): a real token sees every earlier real token and no mask; a mask sees the earlier
+  real tokens and the earlier masks *of its own group*. Eq. 5's ``i - j < k`` test is that rule for k <= 2;
+  for larger k it would let a group see the tail of the previous one, so the group rule of §3.2/App. A.3
+  ("mask tokens within their respective groups") is what is implemented (identical to Fig. 7 for k = 2);
+- positions ``P_i = sum_j A_ij - 1``: real tokens get their sequence position, mask ``j`` of a group gets
+  ``(position of the real token before it) + j``, exactly as in training (``trainers/space_collator.py``);
+- verification (Alg. 1, eq. 6-7): ``Q`` at ``x_l`` scores ``c_1``, ``Q`` at ``c_i`` scores ``c_{i+1}``.
+  Greedy: ``c_i`` is accepted iff it is the argmax of ``Q``. Sampling: accepted with probability
+  ``min(1, Q(c_i) / P_c(c_i))`` where ``P_c`` is the mask distribution ``c_i`` was drawn from (eq. 6); on
+  rejection one token is drawn from ``normalize(max(Q - P_c, 0))`` (Leviathan et al.; Alg. 1 line 18 draws
+  from ``Q``, which would not keep the target distribution), else a bonus token from the last ``Q``;
+- the next candidates come from the mask group after the last accepted token (group ``i*``);
+- the KV cache keeps only the real accepted tokens (``kv_cache.compact_cache``): real tokens never attend
+  to masks and have contiguous positions, so their entries equal those of plain decoding.
+
+Paper names: ``k`` = number of masks (= candidates per step), ``tau`` = tokens per forward ("average
+accepted tokens" in the paper, bonus counted). With ``num_masks < k`` only the first masks of each group
+are fed (a mask sees only earlier masks of its group, so a shorter group is still exact): a cheaper step.
+
+Use ``model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)``; the module itself is
+callable (it forwards to :func:`space_generate`), so ``hf_specdec.space`` works as the callable.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+import types
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .errors import SpecDecError
+from .kv_cache import check_cache_supported, compact_cache
+from .stats import DecodeStats
+from .tree import additive_mask
+
+_EPS = 1e-12
+
+
+# ------------------------------------------------------------------------------------------ eq. 4, 5
+def build_input(real_ids: list[int], candidates: list[int], k: int, mask_token_id: int) -> list[int]:
+    """Eq. 4: the real tokens, then ``len(candidates) + 1`` groups of ``k`` masks with a candidate between
+    consecutive groups."""
+    ids = list(real_ids) + [mask_token_id] * k
+    for c in candidates:
+        ids += [int(c)] + [mask_token_id] * k
+    return ids
+
+
+def attention_mask(is_mask: torch.Tensor) -> torch.Tensor:
+    """Eq. 5 / Fig. 7 as a boolean ``(n, n)`` matrix (True = may attend) for a 1D boolean ``is_mask``.
+
+    ``A[i, j]`` is True iff ``j <= i`` and either ``j`` is a real token, or ``i`` and ``j`` are masks of the
+    same group (a maximal run of consecutive masks)."""
+    is_mask = is_mask.bool()
+    n = is_mask.shape[0]
+    starts = is_mask & ~torch.cat([is_mask.new_zeros(1), is_mask[:-1]])
+    group = torch.cumsum(starts.long(), 0)
+    causal = torch.ones(n, n, dtype=torch.bool, device=is_mask.device).tril()
+    same_group = is_mask[:, None] & is_mask[None, :] & (group[:, None] == group[None, :])
+    return causal & (~is_mask[None, :] | same_group)
+
+
+def positions(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """``P_i = sum_j A_ij - 1`` (+ ``offset`` cached real tokens, which every row sees)."""
+    return mask.long().sum(-1) - 1 + offset
+
+
+# ------------------------------------------------------------------------------------------ Alg. 1
+def _scores(logits_processor: LogitsProcessorList, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    scores = logits.to(torch.float32)[None]
+    return logits_processor(ids, scores) if len(logits_processor) else scores
+
+
+def _probs(scores: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores[0], dim=-1)
+
+
+def _sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(p, 1, generator=generator))
+
+
+def _append(input_ids: torch.Tensor, tokens: list[int], stopping_criteria) -> tuple[torch.Tensor, bool]:
+    """Append tokens one at a time, stopping at the first that ends generation (EOS, max length...)."""
+    for t in tokens:
+        input_ids = torch.cat([input_ids, input_ids.new_tensor([[t]])], dim=-1)
+        if bool(stopping_criteria(input_ids, None).any()):
+            return input_ids, True
+    return input_ids, False
+
+
+def _space_config(model, num_masks: int | None, mask_token_id: int | None) -> tuple[int, int]:
+    k_trained = getattr(model.config, "space_k", None)
+    mask_id = (
+        mask_token_id if mask_token_id is not None else getattr(model.config, "space_mask_token_id", None)
+    )
+    if mask_id is None or (num_masks is None and k_trained is None):
+        raise SpecDecError(
+            "this model was not trained for SPACE (config has no space_mask_token_id / space_k); "
+            "fine-tune it with `hf-specdec train space` or pass mask_token_id= and num_masks="
+        )
+    k = int(num_masks if num_masks is not None else k_trained)
+    if k < 1:
+        raise SpecDecError(f"num_masks must be at least 1 (got {k})")
+    return k, int(mask_id)
+
+
+def space_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    synced_gpus: bool = False,
+    streamer=None,
+    num_masks: int | None = None,
+    mask_token_id: int | None = None,
+    stats: DecodeStats | None = None,
+    space_generator: torch.Generator | None = None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """``custom_generate`` loop of SPACE auto-correct decoding (Alg. 1), batch size 1.
+
+    ``num_masks`` (default ``config.space_k``) masks per group; ``mask_token_id`` defaults to
+    ``config.space_mask_token_id``. ``stats`` (a ``DecodeStats``) is filled with forwards / drafted /
+    accepted counts. Greedy or sampling follows ``generation_config.do_sample``; processors (temperature,
+    top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
+    """
+    t_start = time.perf_counter()
+    if input_ids.shape[0] != 1:
+        raise SpecDecError(f"SPACE decoding supports batch size 1 (got {input_ids.shape[0]})")
+    am = model_kwargs.get("attention_mask")
+    if am is not None and am.dim() == 2 and not bool(am.all()):
+        raise SpecDecError("SPACE decoding does not support padded inputs (attention_mask has zeros)")
+    if synced_gpus:
+        raise SpecDecError("SPACE decoding does not support synced_gpus")
+    k, mask_id = _space_config(model, num_masks, mask_token_id)
+    cfg = generation_config or model.generation_config
+    logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+    stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+    stats = stats if stats is not None else DecodeStats()
+    do_sample = bool(cfg.do_sample)
+    ret = bool(cfg.return_dict_in_generate)
+    want_scores = ret and bool(cfg.output_scores)
+    scores_out: list[torch.Tensor] = []
+    max_length = cfg.max_length if cfg.max_length is not None else 10**9
+    device = input_ids.device
+    gen = space_generator
+
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    check_cache_supported(cache)
+    past = cache.get_seq_length()
+    if past >= input_ids.shape[1]:
+        raise SpecDecError("the passed cache already covers the whole prompt; pass at least one new token")
+    extra = {"logits_to_keep": 0} if model._supports_logits_to_keep() else {}
+
+    cands: list[int] = []  # L_c
+    cand_probs: list[torch.Tensor] = []  # P_c as full distributions (sampling only)
+    finished = False
+    while not finished:
+        pending = input_ids[
+            0, past:
+        ].tolist()  # real tokens not in the cache: the prompt, then the bonus token
+        room = max_length - input_ids.shape[1]  # tokens still allowed; the bonus token takes one
+        c = max(0, min(len(cands), room - 1))
+        ids = build_input(pending, cands[:c], k, mask_id)
+        is_mask = torch.tensor(
+            [j >= len(pending) and (j - len(pending)) % (k + 1) != k for j in range(len(ids))]
+        )
+        local = attention_mask(is_mask).to(device)
+        full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
+        if extra:
+            extra["logits_to_keep"] = len(ids) - len(pending) + 1  # rows from x_l on
+        t0 = time.perf_counter()
+        out = model(
+            input_ids=torch.tensor([ids], device=device),
+            position_ids=positions(local, past)[None],
+            attention_mask=additive_mask(full[None, None], model.dtype),
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            **extra,
+        )
+        verify_s = time.perf_counter() - t0
+        logits = out.logits[0, -(len(ids) - len(pending) + 1) :]  # row 0 = x_l
+        del out
+
+        # Verify c_1..c_c (rows (i-1)(k+1) score c_i), then one token of the model's own.
+        tokens: list[int] = []
+        emitted_scores: list[torch.Tensor] = []
+        seq = input_ids
+        row = 0
+        token = None
+        for i in range(c):
+            s = _scores(logits_processor, seq, logits[row])
+            if do_sample:
+                q = _probs(s)
+                p = cand_probs[i]
+                ratio = float(q[cands[i]] / p[cands[i]].clamp_min(_EPS))
+                if float(torch.rand((), generator=gen)) <= ratio:
+                    accepted = True
+                else:
+                    res = (q - p).clamp_min(0.0)
+                    total = float(res.sum())
+                    token = _sample(res / total if total > _EPS else q, gen)
+                    accepted = False
+            else:
+                accepted = int(s[0].argmax()) == cands[i]
+                if not accepted:
+                    token = int(s[0].argmax())
+            emitted_scores.append(s)
+            if not accepted:
+                break
+            tokens.append(cands[i])
+            seq = torch.cat([seq, seq.new_tensor([[cands[i]]])], dim=-1)
+            row += k + 1
+        n_acc = len(tokens)
+        if token is None:  # all candidates accepted (or none): bonus token from Q at the last real token
+            s = _scores(logits_processor, seq, logits[row])
+            token = _sample(_probs(s), gen) if do_sample else int(s[0].argmax())
+            emitted_scores.append(s)
+        tokens.append(token)
+
+        # New candidates from the mask group after the last accepted token (group n_acc), drawn after the bonus.
+        seq = torch.cat([seq, seq.new_tensor([[token]])], dim=-1)
+        group = logits[row + 1 : row + 1 + k]
+        gs = (
+            torch.cat([_scores(logits_processor, seq, g) for g in group])
+            if len(logits_processor)
+            else group.float()
+        )
+        if do_sample:
+            cand_probs = list(torch.softmax(gs, dim=-1))
+            cands = [_sample(p, gen) for p in cand_probs]
+        else:
+            cands, cand_probs = gs.argmax(-1).tolist(), []
+
+        input_ids, finished = _append(input_ids, tokens, stopping_criteria)
+        m = input_ids.shape[1] - past - len(pending)  # tokens emitted this step (a stop may cut them)
+        kept = min(n_acc, m)
+        keep = list(range(len(pending))) + [len(pending) - 1 + j * (k + 1) for j in range(1, kept + 1)]
+        compact_cache(cache, past, keep)
+        past += len(keep)
+        if want_scores:
+            scores_out += emitted_scores[:m]
+        if streamer is not None:
+            streamer.put(input_ids[0, -m:].cpu())
+        stats.target_forwards += 1
+        stats.drafted += c
+        stats.accepted += n_acc
+        stats.verify_time += verify_s
+        stats.steps.append(dict(drafted=c, accepted=n_acc, new_tokens=m, fed=len(ids), verify_s=verify_s))
+
+    if streamer is not None:
+        streamer.end()
+    stats.new_tokens = sum(s["new_tokens"] for s in stats.steps)
+    stats.total_time += time.perf_counter() - t_start
+    stats.draft_time = max(stats.total_time - stats.verify_time, 0.0)
+    if not ret:
+        return input_ids
+    return GenerateDecoderOnlyOutput(
+        sequences=input_ids,
+        scores=tuple(scores_out) if want_scores else None,
+        past_key_values=cache,
+    )
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``custom_generate=hf_specdec.space`` pass the module itself (it forwards to ``space_generate``)."""
+
+    def __call__(self, *args, **kwargs):
+        return space_generate(*args, **kwargs)
+
+
+__signature__ = inspect.signature(space_generate)  # what generate() inspects to route our extra kwargs
+sys.modules[__name__].__class__ = _CallableModule

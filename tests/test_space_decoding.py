@@ -1,0 +1,225 @@
+"""SPACE auto-correct decoding (space.txt §3.2, Alg. 1, eq. 4-7, Fig. 7)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper
+
+import hf_specdec
+from hf_specdec.errors import SpecDecError
+from hf_specdec.space import attention_mask, build_input, positions, space_generate
+from hf_specdec.stats import DecodeStats
+
+from .conftest import tiny_gpt2, tiny_llama
+
+# Fig. 7 (k = 2): LLMs are [M] [M] auto [M] [M] model [M] [M]
+FIG7 = """
+1 0 0 0 0 0 0 0 0 0
+1 1 0 0 0 0 0 0 0 0
+1 1 1 0 0 0 0 0 0 0
+1 1 1 1 0 0 0 0 0 0
+1 1 0 0 1 0 0 0 0 0
+1 1 0 0 1 1 0 0 0 0
+1 1 0 0 1 1 1 0 0 0
+1 1 0 0 1 0 0 1 0 0
+1 1 0 0 1 0 0 1 1 0
+1 1 0 0 1 0 0 1 1 1
+"""
+
+
+def _fig7_input():
+    return build_input([101, 102], [103, 104], k=2, mask_token_id=0)
+
+
+def test_attention_mask_equals_fig7():
+    ids = _fig7_input()
+    assert ids == [101, 102, 0, 0, 103, 0, 0, 104, 0, 0]  # eq. 4
+    expected = torch.tensor([[int(v) for v in line.split()] for line in FIG7.strip().splitlines()]).bool()
+    assert torch.equal(attention_mask(torch.tensor(ids) == 0), expected)
+
+
+def test_positions_are_row_sums_minus_one():
+    a = attention_mask(torch.tensor(_fig7_input()) == 0)
+    assert positions(a).tolist() == [0, 1, 2, 3, 2, 3, 4, 3, 4, 5]
+    assert positions(a, offset=7).tolist() == [7, 8, 9, 10, 9, 10, 11, 10, 11, 12]
+
+
+def test_mask_groups_do_not_see_each_other_for_large_k():
+    k, n_real = 5, 3
+    ids = build_input(list(range(1, n_real + 1)), [50 + i for i in range(k)], k=k, mask_token_id=0)
+    assert len(ids) == n_real + k * (k + 2)  # |I| = n_real + k(k+2)
+    is_mask = torch.tensor(ids) == 0
+    a = attention_mask(is_mask)
+    for g in range(k + 1):
+        start = n_real + g * (k + 1)
+        rows = a[start : start + k]
+        assert torch.equal(
+            rows[:, start : start + k], torch.ones(k, k).tril().bool()
+        )  # causal inside the group
+        others = [j for j in range(len(ids)) if is_mask[j] and not start <= j < start + k]
+        assert not rows[:, others].any()  # no mask of another group
+        cands = [n_real + i * (k + 1) - 1 for i in range(1, g + 1)]
+        assert rows[:, :n_real].all() and (not cands or rows[:, cands].all())  # prompt + earlier candidates
+    reals = ~is_mask
+    assert not a[reals][:, is_mask].any()  # real tokens never see masks
+    assert torch.equal(a[reals][:, reals], torch.ones(int(reals.sum()), int(reals.sum())).tril().bool())
+
+
+def _peaked(model, tokens=(3, 4, 5), mask_id=None, k=3):
+    """A random model whose argmax is always one of ``tokens`` (context-dependent), so SPACE candidates are
+    accepted often enough to exercise partial acceptance and KV compaction."""
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head.mul_(0.01)
+        head[list(tokens)] = (
+            torch.randn(len(tokens), head.shape[1], generator=torch.Generator().manual_seed(1)) * 3
+        )
+    model.config.space_k = k
+    model.config.space_mask_token_id = model.config.vocab_size - 1 if mask_id is None else mask_id
+    return model
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("k,num_masks", [(3, None), (1, None), (4, 2)])
+def test_greedy_is_token_identical(make, k, num_masks):
+    model = _peaked(make(vocab_size=97), k=k)
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    ref = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    stats = DecodeStats()
+    out = model.generate(
+        prompt,
+        max_new_tokens=30,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        custom_generate=hf_specdec.space,
+        num_masks=num_masks,
+        stats=stats,
+    )
+    assert torch.equal(out, ref)
+    assert (
+        stats.new_tokens == 30 and stats.target_forwards < 30 and stats.accepted > 0
+    )  # steps with > 1 token
+    assert stats.accepted == stats.new_tokens - stats.target_forwards
+
+
+def test_cache_holds_only_real_tokens():
+    model = _peaked(tiny_llama(vocab_size=97))
+    prompt = torch.tensor([[1, 5, 7, 9]])
+    out = model.generate(
+        prompt,
+        max_new_tokens=17,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        custom_generate=space_generate,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    seq = out.sequences
+    assert len(out.scores) == 17
+    cache = out.past_key_values
+    assert cache.get_seq_length() == seq.shape[1] - 1  # the last token is pending, nothing else
+    plain = model(seq[:, :-1], use_cache=True).past_key_values
+    for a, b in zip(cache.layers, plain.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+
+
+def test_stops_at_eos_inside_an_accepted_run():
+    model = _peaked(tiny_llama(vocab_size=97))
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    ref = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    eos = int(ref[0, prompt.shape[1] + 5])  # a token that first appears within the output
+    ref_eos = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    out = model.generate(
+        prompt,
+        max_new_tokens=30,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        custom_generate=hf_specdec.space,
+    )
+    assert torch.equal(out, ref_eos) and int(out[0, -1]) == eos
+
+
+def test_sampling_keeps_the_target_distribution():
+    """First two sampled tokens (temperature + top-k) through SPACE: the second one goes through the
+    min(1, Q/P_c) test against a candidate drawn from the mask distribution, with residual resampling."""
+    stats = pytest.importorskip("scipy.stats")
+    V = 7
+    model = tiny_llama(vocab_size=V, seed=3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model.config.space_k, model.config.space_mask_token_id = 2, V - 1
+    prompt = torch.tensor([[1, 4, 2]])
+    temp, top_k = 0.8, 3
+
+    def target(ids):
+        logits = model(ids).logits[0, -1] / temp
+        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
+        return torch.softmax(logits, -1)
+
+    # space_generate is called directly (what generate would pass it) to keep 500 runs cheap on a busy CPU.
+    procs = LogitsProcessorList([TemperatureLogitsWarper(temp), TopKLogitsWarper(top_k)])
+    cfg = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 3)
+    stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    n, counts, st = 500, torch.zeros(V, V), DecodeStats()
+    try:
+        with torch.no_grad():
+            for _ in range(n):
+                out = space_generate(model, prompt, procs, stop, cfg, stats=st)
+                counts[out[0, 3], out[0, 4]] += 1
+    finally:
+        torch.set_num_threads(threads)
+    assert 0 < st.accepted < st.drafted  # both branches (accept / residual) were taken
+    with torch.no_grad():
+        p1 = target(prompt)
+        expected = torch.stack(
+            [p1[a] * target(torch.cat([prompt, torch.tensor([[a]])], 1)) for a in range(V)]
+        )
+    keep = expected.flatten() > 0
+    assert counts.flatten()[~keep].sum() == 0
+    exp = expected.flatten()[keep].double()
+    assert (
+        stats.chisquare(counts.flatten()[keep].double().numpy(), (exp * n / exp.sum()).numpy()).pvalue > 1e-3
+    )
+
+
+def test_errors_are_clear():
+    model = tiny_llama(vocab_size=97)
+    with pytest.raises(SpecDecError, match="not trained for SPACE"):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, custom_generate=hf_specdec.space)
+    _peaked(model)
+    with pytest.raises(SpecDecError, match="batch size 1"):
+        model.generate(
+            torch.tensor([[1, 2, 3], [1, 2, 4]]), max_new_tokens=3, custom_generate=hf_specdec.space
+        )
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_greedy_is_token_identical_on_the_real_target(real_target):
+    """The layout on SmolLM2 with a fresh (untrained) mask row: candidates are mostly wrong, output exact."""
+    import copy
+
+    from hf_specdec.trainers.space import add_mask_token
+
+    from hf_specdec.tasks import load_task
+
+    model, tok = real_target
+    model, tok = copy.deepcopy(model), copy.deepcopy(tok)
+    add_mask_token(model, tok, k=3)
+    ids = tok(load_task("code-edit", tok, 1)[0]["prompt"], return_tensors="pt").input_ids
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=24,
+        do_sample=False,
+        custom_generate=hf_specdec.space,
+    )
+    assert torch.equal(out, ref)
