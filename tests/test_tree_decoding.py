@@ -101,6 +101,21 @@ def test_return_dict_matches_plain_generate():
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
 
 
+def test_attentions_match_plain_generate_with_eager():
+    model = tiny_llama()
+    model.set_attn_implementation("eager")
+    prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+    kw = dict(return_dict_in_generate=True, output_attentions=True)
+    ref = _greedy(model, prompt, 12, **kw)
+    out = _greedy(
+        model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref.sequences, 1), **kw
+    )
+    assert torch.equal(out.sequences, ref.sequences) and len(out.attentions) == len(ref.attentions) > 3
+    for step_a, step_b in zip(out.attentions, ref.attentions):  # per new token: (1, heads, q, kv) per layer
+        for a, b in zip(step_a, step_b):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_eos_and_custom_stopping_criteria():
     model = tiny_llama()
     prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(7))
