@@ -1,0 +1,43 @@
+"""DrafterTrainer on real data: a few GLIDE training steps on ShareGPT lower the loss on that data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec.modeling import GlideConfig, GlideForCausalLM
+from hf_specdec.trainers.drafter_trainer import DrafterTrainer
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_specdec.trainers.data import packed_dataset
+
+    model, tok = real_target
+    data = packed_dataset(tok, "train", block_size=64, limit=2)
+    data = Dataset.from_list([data[0], data[1]])
+    drafter = GlideForCausalLM(GlideConfig.for_target(model, draft_vocab_size=2048)).attach_target(model)
+    drafter.init_from_target(model)
+    drafter.set_draft_vocab(torch.arange(2048))
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant",
+        report_to=[],
+        remove_unused_columns=False,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = DrafterTrainer(model=drafter, args=args, train_dataset=data, eval_dataset=data, target=model)
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]
+    assert after < before - 0.1, (before, after)
+    assert all(not p.requires_grad for p in model.parameters())  # the target stayed frozen
