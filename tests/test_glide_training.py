@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from hf_specdec.trainers.drafter_trainer import DrafterTrainer
 
@@ -13,9 +12,8 @@ from hf_specdec.trainers.drafter_trainer import DrafterTrainer
 @pytest.mark.slow
 def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
     from datasets import Dataset
-    from transformers import TrainingArguments
-
     from hf_specdec.trainers.data import packed_dataset
+    from transformers import TrainingArguments
 
     model, tok = real_target
     data = packed_dataset(tok, "train", block_size=64, limit=2)
