@@ -117,7 +117,10 @@ def rank_heads(hits: torch.Tensor, events: int) -> list[dict]:
         if hits[layer, head] > 0
     ]
     flat.sort(key=lambda x: (-x[0], x[1], x[2]))
-    return [{"layer": layer, "head": head, "score": round(count / max(events, 1), 6)} for count, layer, head in flat]
+    return [
+        {"layer": layer, "head": head, "score": round(count / max(events, 1), 6)}
+        for count, layer, head in flat
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ heads file
@@ -144,24 +147,31 @@ def load_heads_doc(path: str | os.PathLike) -> dict:
     """Parse and check the structure of a heads file (not against a model)."""
     path = Path(path)
     if not path.is_file():
-        raise SpecDecError(f"heads file {path} does not exist; make one with `hf-specdec find-heads --out {path}`")
+        raise SpecDecError(
+            f"heads file {path} does not exist; make one with `hf-specdec find-heads --out {path}`"
+        )
     try:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecDecError(f"heads file {path} is not valid JSON ({exc}); regenerate it with `hf-specdec find-heads`") from None
+        raise SpecDecError(
+            f"heads file {path} is not valid JSON ({exc}); regenerate it with `hf-specdec find-heads`"
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SpecDecError(
             f"{path} is not a heads file (expected format {FORMAT!r}); regenerate it with `hf-specdec find-heads`"
         )
     heads = doc.get("heads")
     if not isinstance(heads, list) or not heads:
-        raise SpecDecError(f"heads file {path} lists no heads; rerun `hf-specdec find-heads` with more prompts")
+        raise SpecDecError(
+            f"heads file {path} lists no heads; rerun `hf-specdec find-heads` with more prompts"
+        )
     for i, entry in enumerate(heads):
-        if (
-            not isinstance(entry, dict)
-            or not all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("layer", "head"))
+        if not isinstance(entry, dict) or not all(
+            isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("layer", "head")
         ):
-            raise SpecDecError(f"heads file {path}: entry {i} must have integer 'layer' and 'head', got {entry!r}")
+            raise SpecDecError(
+                f"heads file {path}: entry {i} must have integer 'layer' and 'head', got {entry!r}"
+            )
     return doc
 
 
@@ -226,8 +236,13 @@ def add_parser(sub) -> None:
     p.add_argument("--task", default="summarize", help="task whose prompts are used (default: summarize)")
     p.add_argument("--limit", type=int, default=10, help="number of prompts (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--min-overlap", type=int, default=1, help="count a token only if its copy source shares at "
-                   "least this many trailing tokens with the output (default 1, the paper's procedure)")
+    p.add_argument(
+        "--min-overlap",
+        type=int,
+        default=1,
+        help="count a token only if its copy source shares at "
+        "least this many trailing tokens with the output (default 1, the paper's procedure)",
+    )
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--out", required=True, help="heads file to write (JSON)")
     p.add_argument("--show", type=int, default=10, help="print the top N heads (default 10)")
@@ -248,7 +263,9 @@ def run(args) -> int:
         model, prompts, args.max_new_tokens, min_overlap=args.min_overlap, progress=True
     )
     if events == 0:
-        raise SpecDecError(f"no generated token of task {args.task!r} was found in its context; use another task")
+        raise SpecDecError(
+            f"no generated token of task {args.task!r} was found in its context; use another task"
+        )
     heads = rank_heads(hits, events)
     path = write_heads_file(
         args.out,

@@ -57,6 +57,7 @@ VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "a
 # and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a verification forward
 # costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
 DEFAULT_NUM_TOKENS = 10
+DEFAULT_GROWTH = 2  # a running copy's draft may grow to DEFAULT_GROWTH * K (pld_max_num_tokens)
 DEFAULT_LAYER_FRACTION = 14 / 30
 DEFAULT_TOP_HEADS = 10
 DEFAULT_MIN_SCORE = {"hidden": 0.8, "attention": 0.2}
@@ -115,6 +116,30 @@ def rank_by_attention(rows: torch.Tensor, occ: torch.Tensor) -> tuple[int | None
     scores = rows[:, occ].amax(dim=0)
     best = int(scores.argmax())
     return int(occ[best]), float(scores[best])
+
+
+@dataclass
+class DraftLength:
+    """``K`` per step: ``k``, grown (doubled, up to ``max_k``) while a copy keeps being fully accepted.
+
+    When every drafted token was accepted and the next step's best occurrence is exactly where that copy continues
+    in the context (the source position of the token the target added after the draft), the copy is evidently
+    still running and the next draft doubles; anything else starts again from ``k``. ``max_k = k`` turns growth off.
+    (An extension of §4.3's fixed ``K`` for CPUs, where every drafted token costs verification time.)
+    """
+
+    k: int
+    max_k: int
+    _continue_at: int | None = None
+    _next: int | None = None
+
+    def for_source(self, j: int) -> int:
+        return self._next if self._next is not None and j == self._continue_at else self.k
+
+    def update(self, source_start: int | None, drafted: int, accepted: int) -> None:
+        full = drafted > 0 and accepted >= drafted
+        self._continue_at = source_start + accepted if source_start is not None else None
+        self._next = min(self.max_k, max(self.k, 2 * drafted)) if full else None
 
 
 # ------------------------------------------------------------------------------- selected-head attention capture
@@ -248,6 +273,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         heads: ``{layer: head indices}`` of the induction heads (PLD+(a)).
         heads_only: ``True`` when ``outputs.attentions`` holds only the selected layers/heads (wrapper), ``False``
             when it holds every layer and head (eager model).
+        max_draft_tokens: the most tokens a running copy's draft may grow to (:class:`DraftLength`; default ``K``).
         eos_token_id: drafts are cut after their first EOS (the loop would drop what follows anyway).
         min_score: skip the draft when the best occurrence scores below this (App. B.3's threshold; ``None``: off).
     """
@@ -265,6 +291,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         heads_only: bool = True,
         eos_token_id: torch.Tensor | None = None,
         min_score: float | None = None,
+        max_draft_tokens: int | None = None,
     ):
         if variant not in ("hidden", "attention"):
             raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {variant!r}")
@@ -272,6 +299,12 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             raise SpecDecError(f"pld_num_tokens must be a positive integer, got {num_draft_tokens!r}")
         self.variant = variant
         self.num_draft_tokens = num_draft_tokens
+        max_k = num_draft_tokens if max_draft_tokens is None else max_draft_tokens
+        if not isinstance(max_k, int) or max_k < num_draft_tokens:
+            raise SpecDecError(
+                f"pld_max_num_tokens must be an integer >= pld_num_tokens, got {max_draft_tokens!r}"
+            )
+        self.lengths = DraftLength(num_draft_tokens, max_k)
         self.max_length = max_length
         self.layer = layer
         self.heads = heads or {}
@@ -291,7 +324,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self._stored = 0  # positions 0.._stored-1 have their artifacts stored (always t after a step)
         self._rows: list[torch.Tensor] | None = None  # PLD+(a): latest forward's selected attention rows
         self._row_offset = 0  # absolute position of row 0 in `_rows`
-        self._pending: tuple[int, int] | None = None  # (output position, source position) of the last draft
+        self._pending: tuple[int, int, int] | None = (
+            None  # (output position, source position, length) of a draft
+        )
         self.spans: list[CopiedSpan] = []
         self.steps = 0  # drafting opportunities (calls after the prefill)
         self.drafted_steps = 0  # ... that proposed a draft
@@ -348,19 +383,20 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         n = input_ids.shape[1]
         self._absorb(model_outputs, n)
         self.steps += 1
-        k = min(self.num_draft_tokens, self.max_length - n - 1)  # the draft and the bonus token must fit
-        if k < 1:
+        budget = self.max_length - n - 1  # the draft and the bonus token must fit
+        if budget < 1:
             return input_ids, None
         ids = input_ids[0]
         j, score = self._rank(ids)
         if j is None or (self.min_score is not None and score < self.min_score):
             return input_ids, None
+        k = min(self.lengths.for_source(j), budget)
         draft = ids[j + 1 : min(j + 1 + k, n)]
         if self.eos_token_id is not None:
             eos = torch.isin(draft, self.eos_token_id.to(draft.device)).nonzero()
             if eos.numel():
                 draft = draft[: int(eos[0]) + 1]
-        self._pending = (n, j + 1)
+        self._pending = (n, j + 1, draft.shape[0])
         self.drafted_steps += 1
         self.drafted_tokens += draft.shape[0]
         return torch.cat([input_ids, draft[None].to(input_ids.device)], dim=1), None
@@ -370,8 +406,11 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
     ):
         """Record the copied-and-accepted span (App. D attribution). The token after the accepted draft tokens (the
         target's own, or an EOS the loop cut at) counts as copied too when it equals the source's next token."""
-        if self._pending is not None:
-            out_start, src_start = self._pending
+        if self._pending is None:
+            self.lengths.update(None, 0, 0)
+        else:
+            out_start, src_start, drafted = self._pending
+            self.lengths.update(src_start, drafted, int(num_matches))
             length = int(num_matches)
             after = out_start + length
             if after < input_ids.shape[1] and int(input_ids[0, after]) == int(
@@ -438,6 +477,7 @@ def pld_plus(
     streamer=None,
     pld_variant: str = "hidden",
     pld_num_tokens: int | None = None,
+    pld_max_num_tokens: int | None = None,
     pld_layer: int | None = None,
     pld_heads: str | Path | None = None,
     pld_top_heads: int | None = None,
@@ -453,6 +493,8 @@ def pld_plus(
     Args:
         pld_variant: ``"hidden"`` (PLD+(h), default) or ``"attention"`` (PLD+(a)).
         pld_num_tokens: ``K``, tokens drafted per step (default :data:`DEFAULT_NUM_TOKENS`).
+        pld_max_num_tokens: a copy that keeps being fully accepted drafts up to this many tokens
+            (:class:`DraftLength`; default ``DEFAULT_GROWTH * K``; ``= pld_num_tokens`` turns growth off).
         pld_layer: PLD+(h)'s hidden-state index ``l`` (default: :data:`DEFAULT_LAYER_FRACTION` of the depth).
         pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the default
             target.
@@ -467,11 +509,15 @@ def pld_plus(
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
     if input_ids.shape[0] != 1:
         raise SpecDecError("PLD+ (like transformers' assisted decoding) generates for one sequence at a time")
+    k = DEFAULT_NUM_TOKENS if pld_num_tokens is None else pld_num_tokens
+    if pld_max_num_tokens is None:
+        pld_max_num_tokens = DEFAULT_GROWTH * k if isinstance(k, int) else k
     common = dict(
-        num_draft_tokens=DEFAULT_NUM_TOKENS if pld_num_tokens is None else pld_num_tokens,
+        num_draft_tokens=k,
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
         min_score=DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score),
+        max_draft_tokens=pld_max_num_tokens,
     )
     if variant == "hidden":
         generator = PLDPlusCandidateGenerator(
@@ -483,7 +529,7 @@ def pld_plus(
         capture = contextlib.nullcontext(True)
     else:
         heads = _heads_for(model, pld_heads, pld_top_heads)
-        capture = capture_selected_attention(model, heads, last_rows=common["num_draft_tokens"] + 1)
+        capture = capture_selected_attention(model, heads, last_rows=pld_max_num_tokens + 1)
         generator = None
     with capture as heads_only:
         if generator is None:

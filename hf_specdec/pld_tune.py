@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import SpecDecError
-from .pld_plus import occurrences, rank_by_attention, rank_by_hidden
+from .pld_plus import DraftLength, occurrences, rank_by_attention, rank_by_hidden
 
 Ranker = Callable[[torch.Tensor], "int | None"]
 
@@ -36,16 +36,19 @@ class Replay:
         return self.new_tokens / self.forwards if self.forwards else 0.0
 
 
-def replay(seq: torch.Tensor, start: int, rank: Ranker, k: int, eos: set[int], max_len: int) -> Replay:
+def replay(
+    seq: torch.Tensor, start: int, rank: Ranker, k: int, eos: set[int], max_len: int, max_k: int | None = None
+) -> Replay:
     """Replay one greedy PLD-style generation of ``seq[start:]``; ``rank(ids)`` returns the draft's source ``j``
-    (the draft is ``ids[j+1 : j+1+k]``) or ``None``."""
+    (the draft is ``ids[j+1 : j+1+K]``, ``K`` from :class:`DraftLength`) or ``None``."""
     n, total = start + 1, seq.shape[0]  # the prefill produced token `start`
     sizes = [start]
+    lengths = DraftLength(k, max_k or k)
     while n < total:
         ids = seq[:n]
-        budget = min(k, max_len - n - 1)
+        budget = max_len - n - 1
         j = rank(ids) if budget > 0 else None
-        draft = [] if j is None else seq[j + 1 : min(j + 1 + budget, n)].tolist()
+        draft = [] if j is None else seq[j + 1 : min(j + 1 + min(lengths.for_source(j), budget), n)].tolist()
         for i, tok in enumerate(draft):
             if tok in eos:
                 draft = draft[: i + 1]
@@ -54,6 +57,7 @@ def replay(seq: torch.Tensor, start: int, rank: Ranker, k: int, eos: set[int], m
         accepted = 0
         while accepted < len(truth) and draft[accepted] == truth[accepted]:
             accepted += 1
+        lengths.update(j + 1 if draft else None, len(draft), accepted)
         n += accepted + 1
         sizes.append(1 + len(draft))
     return Replay(new_tokens=total - start, forwards=len(sizes), verify_sizes=sizes)
@@ -151,6 +155,9 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", default="all", help="hidden-state indices to sweep, or 'all' (default)")
     p.add_argument("--sweep-k", type=int, default=10, help="K while sweeping layers / heads (paper: 10)")
     p.add_argument("--ks", default="5,8,10,12,16,20,30", help="K values tried at the chosen layer / heads")
+    p.add_argument(
+        "--max-ks", default="16,20,32,40", help="growth caps (pld_max_num_tokens) tried at the best K"
+    )
     p.add_argument("--top-heads", default="1,3,5,10,20,50", help="numbers of heads swept for PLD+(a)")
     p.add_argument("--heads", default=None, help="heads file for PLD+(a) (default: the shipped one)")
     p.add_argument(
@@ -174,7 +181,7 @@ def run(args) -> int:
     eos = {int(eos_ids)} if isinstance(eos_ids, int) else {int(e) for e in eos_ids or []}
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers + 1)) if args.layers == "all" else _parse_ints(args.layers)
-    ks, tops = _parse_ints(args.ks), _parse_ints(args.top_heads)
+    ks, tops, max_ks = _parse_ints(args.ks), _parse_ints(args.top_heads), _parse_ints(args.max_ks)
     h_thresholds, a_thresholds = _parse_floats(args.h_thresholds), _parse_floats(args.a_thresholds)
     ranked = read_heads_file(args.heads or default_heads_file(model), model=model, top=max(tops))
     capture = {}
@@ -214,11 +221,13 @@ def run(args) -> int:
     times = forward_times(model, samples[0][0][: samples[0][1]], [1, 2, 4, 8, 16, 32, 64])
     print("target forward times (ms): " + ", ".join(f"q={q}: {t * 1000:.1f}" for q, t in times.items()))
 
-    def evaluate(make_rank: Callable, k: int) -> tuple[float, float]:
+    def evaluate(make_rank: Callable, k: int, max_k: int | None = None) -> tuple[float, float]:
         new = fwd = 0
         cost = base = 0.0
         for seq, start, unit, att in samples:
-            r = replay(seq, start, make_rank(unit, att, start - 1), k, eos, start + args.max_new_tokens)
+            r = replay(
+                seq, start, make_rank(unit, att, start - 1), k, eos, start + args.max_new_tokens, max_k
+            )
             new += r.new_tokens
             fwd += r.forwards
             cost += sum(interpolate(times, q) for q in r.verify_sizes[1:])
@@ -227,9 +236,10 @@ def run(args) -> int:
 
     lines = ["| setting | K | tau | est. speedup vs ar |", "|---|---:|---:|---:|"]
 
-    def row(name: str, k: int, make_rank: Callable) -> tuple[float, float]:
-        tau, speed = evaluate(make_rank, k)
-        lines.append(f"| {name} | {k} | {tau:.2f} | {speed:.2f}x |")
+    def row(name: str, k: int, make_rank: Callable, max_k: int | None = None) -> tuple[float, float]:
+        tau, speed = evaluate(make_rank, k, max_k)
+        ks_text = f"{k}" if not max_k or max_k == k else f"{k} (grows to {max_k})"
+        lines.append(f"| {name} | {ks_text} | {tau:.2f} | {speed:.2f}x |")
         return tau, speed
 
     row("hf-pld (2-gram, first match)", 10, lambda u, a, o: hf_pld_rank(2))
@@ -247,6 +257,16 @@ def run(args) -> int:
                 lambda u, a, o, th=theta: hidden_rank(u[layer], th),
             )[1]
     theta_h, k_h = max(best, key=best.get)
+    growth = {k_h: best[(theta_h, k_h)]}
+    for max_k in max_ks:
+        if max_k > k_h:
+            growth[max_k] = row(
+                f"PLD+(h) l={layer}, min_score={theta_h}",
+                k_h,
+                lambda u, a, o: hidden_rank(u[layer], theta_h),
+                max_k,
+            )[1]
+    max_k_h = max(growth, key=growth.get)
     taus = {
         top: row(f"PLD+(a) top {top} heads", args.sweep_k, lambda u, a, o, t=top: attention_rank(a[:t], o))[0]
         for top in tops
@@ -261,9 +281,20 @@ def run(args) -> int:
                 lambda u, a, o, th=theta: attention_rank(a[:top], o, th),
             )[1]
     theta_a, k_a = max(best, key=best.get)
+    growth = {k_a: best[(theta_a, k_a)]}
+    for max_k in max_ks:
+        if max_k > k_a:
+            growth[max_k] = row(
+                f"PLD+(a) top {top} heads, min_score={theta_a}",
+                k_a,
+                lambda u, a, o: attention_rank(a[:top], o, theta_a),
+                max_k,
+            )[1]
+    max_k_a = max(growth, key=growth.get)
     print("\n".join(lines))
     print(
         f"best by tau (K={args.sweep_k}): layer {layer}, top {top} heads; best by est. speedup: "
-        f"PLD+(h) min_score={theta_h} K={k_h}; PLD+(a) min_score={theta_a} K={k_a}"
+        f"PLD+(h) min_score={theta_h} K={k_h} growing to {max_k_h}; "
+        f"PLD+(a) min_score={theta_a} K={k_a} growing to {max_k_a}"
     )
     return 0

@@ -150,6 +150,19 @@ def test_eos_inside_a_draft_ends_it():
     assert _fake_step(_hidden_gen(eos=None), ids) == [4, 2, 6, 8, 9]
 
 
+def test_draft_length_grows_only_while_a_copy_runs():
+    lengths = pld_module.DraftLength(3, 8)
+    assert lengths.for_source(5) == 3
+    lengths.update(10, drafted=3, accepted=3)  # fully accepted: the copy continues at source position 13
+    assert lengths.for_source(13) == 6 and lengths.for_source(12) == 3
+    lengths.update(13, drafted=6, accepted=6)
+    assert lengths.for_source(19) == 8  # capped
+    lengths.update(19, drafted=8, accepted=2)  # partly rejected: back to K
+    assert lengths.for_source(21) == 3
+    lengths.update(None, drafted=0, accepted=0)
+    assert lengths.for_source(21) == 3
+
+
 def test_draft_and_bonus_token_fit_max_length():
     ids = torch.tensor([3, 7, 4, 5, 6, 8, 9, 1, 7])  # 9 tokens
     assert _fake_step(_hidden_gen(k=5, max_length=13), ids) == [4, 5, 6]  # 9 + 3 drafted + 1 bonus = 13
