@@ -215,3 +215,26 @@ def test_sampling_chain_keeps_target_distribution():
         counts["edd"][target.generate(ids, assistant_model=edd, **kw)[0, -1]] += 1
     tv = 0.5 * (counts["plain"] / n - counts["edd"] / n).abs().sum().item()
     assert tv < 0.09, f"total variation {tv:.3f} between plain and EDD-assisted sampling"
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_target_chain_and_pct_are_lossless(real_target):
+    """On SmolLM2-135M (fp32) an EDD (warm start, untrained) chain and PCT tree give plain greedy's tokens."""
+    from hf_specdec.edd_generation import EddTreeProposer
+    from hf_specdec.tree_decoding import tree_generate
+
+    target, tok = real_target
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    edd.init_from_target(target)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a haiku about the sea."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )
+    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+    ref = target.generate(**kw)
+    assert torch.equal(target.generate(**kw, assistant_model=edd), ref)
+    proposer = EddTreeProposer(edd, "pct")
+    assert torch.equal(target.generate(**kw, custom_generate=tree_generate, proposer=proposer), ref)
