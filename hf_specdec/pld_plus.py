@@ -483,6 +483,7 @@ def pld_plus(
     pld_top_heads: int | None = None,
     pld_min_score: float | None = None,
     pld_return_attribution: bool = False,
+    pld_streamer=None,
     **model_kwargs,
 ):
     """``custom_generate`` for PLD+: ``model.generate(**inputs, custom_generate=hf_specdec.pld_plus, ...)``.
@@ -503,12 +504,17 @@ def pld_plus(
             default :data:`DEFAULT_MIN_SCORE`, ``-1`` turns it off.
         pld_return_attribution: return a :class:`PLDPlusGenerateOutput` whose ``attribution`` lists, for every
             copied-and-accepted span, the context position it was copied from (App. D).
+        pld_streamer: a streamer (``TextStreamer`` ...). transformers 5.23's ``generate`` does not hand its own
+            ``streamer=`` to a ``custom_generate`` callable (it only puts the prompt into it), so pass it here.
     """
     variant = VARIANTS.get(str(pld_variant).lower())
     if variant is None:
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
     if input_ids.shape[0] != 1:
         raise SpecDecError("PLD+ (like transformers' assisted decoding) generates for one sequence at a time")
+    if pld_streamer is not None:
+        pld_streamer.put(input_ids.cpu())  # what generate does with its own streamer before decoding
+        streamer = pld_streamer
     k = DEFAULT_NUM_TOKENS if pld_num_tokens is None else pld_num_tokens
     if pld_max_num_tokens is None:
         pld_max_num_tokens = DEFAULT_GROWTH * k if isinstance(k, int) else k

@@ -263,6 +263,28 @@ def test_eos_inside_an_accepted_draft_stops_like_greedy(generators):
     assert gen.spans == [pld_module.CopiedSpan(SCRIPT_PROMPT.shape[1] + 1, 2, 8)]  # one step copied 7 .. EOS
 
 
+def test_streamer_gets_the_prompt_then_every_token():
+    class Collect:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    model = tiny_llama(vocab_size=32, seed=0)
+    prompt = _cyclic_prompt(0)
+    streamer = Collect()
+    out = _greedy(
+        model, prompt, 20, custom_generate=hf_specdec.pld_plus, pld_min_score=-1, pld_streamer=streamer
+    )
+    assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
+    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
+    assert any(len(c) > 1 for c in streamer.chunks[1:])  # accepted drafts arrive several tokens at a time
+
+
 def test_hidden_store_keeps_only_verified_positions(generators):
     """After generation the incremental store equals a fresh full forward's normalised layer-l states."""
     model = tiny_llama(vocab_size=32, seed=0)
