@@ -38,6 +38,7 @@ import types
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .errors import SpecDecError
@@ -148,7 +149,12 @@ def space_generate(
     k, mask_id = _space_config(model, num_masks, mask_token_id)
     cfg = generation_config or model.generation_config
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
-    stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+    if not stopping_criteria:  # called directly, not through generate(): stop at max_length / EOS
+        stopping_criteria = StoppingCriteriaList()
+        if cfg.max_length is not None:
+            stopping_criteria.append(MaxLengthCriteria(cfg.max_length))
+        if cfg.eos_token_id is not None:
+            stopping_criteria.append(EosTokenCriteria(cfg.eos_token_id))
     stats = stats if stats is not None else DecodeStats()
     do_sample = bool(cfg.do_sample)
     ret = bool(cfg.return_dict_in_generate)

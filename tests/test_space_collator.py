@@ -125,3 +125,11 @@ def test_mask_token_row_is_trained_through_lora_and_merged(tmp_path):
     assert again.config.space_k == 3 and torch.equal(
         again.get_input_embeddings().weight[mask_id], after[mask_id]
     )
+
+
+def test_fixed_validation_samples_pass_through():
+    col = SpaceDataCollator(M, PAD, k=3, p_ar=0.0, seed=0)
+    fixed = col.fix([_sample(), _sample()])
+    first = col(fixed)
+    assert torch.equal(first["input_ids"], col(fixed)["input_ids"])  # same masks at every evaluation
+    assert (first["input_ids"] == M).sum() == 6

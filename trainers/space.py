@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 from hf_specdec.errors import SpecDecError
 
@@ -98,6 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-steps", type=int, default=100)
     p.add_argument("--save-steps", type=int, default=100)
     p.add_argument("--logging-steps", type=int, default=10)
+    p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
     p.add_argument("--save", choices=["merged", "adapter"], default="merged")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--seed", type=int, default=0)
@@ -105,6 +107,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tau-prompts", type=int, default=4, help="validation prompts to measure tau on (0: skip)"
     )
     p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
+
+
+class _TimeBudget(TrainerCallback):
+    """Stops training (the Trainer then saves as usual) once ``seconds`` of wall time have passed."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.perf_counter() + seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.perf_counter() > self.deadline:
+            control.should_training_stop = True
+            control.should_save = True
+        return control
 
 
 def _last_checkpoint(out: Path) -> str | None:
@@ -171,6 +186,7 @@ def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) 
 
 
 def run(args: argparse.Namespace) -> None:
+    from datasets import Dataset
     from hf_specdec.trainers.data import sft_dataset
     from hf_specdec.trainers.space_collator import SpaceDataCollator
     from transformers import Trainer, TrainingArguments
@@ -201,6 +217,12 @@ def run(args: argparse.Namespace) -> None:
         "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
     )
     collator = SpaceDataCollator(mask_id, tokenizer.pad_token_id, k=args.k, p_ar=args.p_ar, seed=args.seed)
+    # Validation masks are drawn once, so successive evaluations (and resumed runs) score the same inputs.
+    val = Dataset.from_list(
+        SpaceDataCollator(mask_id, tokenizer.pad_token_id, k=args.k, p_ar=args.p_ar, seed=args.seed + 1).fix(
+            val
+        )
+    )
 
     targs = TrainingArguments(
         output_dir=str(out),
@@ -227,6 +249,8 @@ def run(args: argparse.Namespace) -> None:
         bf16=args.dtype == "bf16",
     )
     trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=val, data_collator=collator)
+    if args.max_minutes:
+        trainer.add_callback(_TimeBudget(args.max_minutes * 60))
     resume = None if args.no_resume else _last_checkpoint(out)
     if resume:
         logger.warning("resuming from %s", resume)
@@ -249,7 +273,7 @@ def run(args: argparse.Namespace) -> None:
         "p_ar": args.p_ar,
         "mask_token_id": mask_id,
         "method": "full fine-tuning" if args.full else f"LoRA r={args.lora_r} + trainable [M] row",
-        "steps": args.max_steps,
+        "steps": trainer.state.global_step,
         "batch": args.batch_size * args.grad_accum,
         "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),

