@@ -1,4 +1,12 @@
-"""The one patch of transformers internals: let an ``assistant_model`` supply its own ``CandidateGenerator``.
+"""The one place that touches transformers internals: choosing the ``CandidateGenerator`` of the assisted loop.
+
+Two entry points, both only redirect ``GenerationMixin._get_candidate_generator``:
+
+- ``install()`` (on ``import hf_specdec``): an ``assistant_model`` may supply its own generator (below).
+- ``run_assisted_decoding(model, generator, ...)``: a ``custom_generate`` loop (PLD+) runs transformers'
+  ``_assisted_decoding`` with a generator it built itself.
+
+Let an ``assistant_model`` supply its own ``CandidateGenerator``.
 
 ``target.generate(**inputs, assistant_model=drafter)`` runs transformers' ``_assisted_decoding`` loop, which
 asks ``GenerationMixin._get_candidate_generator`` for a candidate generator. transformers already picks
@@ -15,7 +23,10 @@ Installed on ``import hf_specdec``; idempotent.
 
 from __future__ import annotations
 
+from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
+
+from .errors import SpecDecError
 
 _ORIGINAL = GenerationMixin._get_candidate_generator
 
@@ -55,6 +66,24 @@ def _get_candidate_generator(
         target_tokenizer=target_tokenizer,
         assistant_tokenizer=assistant_tokenizer,
     )
+
+
+def run_assisted_decoding(model, generator: CandidateGenerator, *args, **kwargs):
+    """Run transformers' own ``_assisted_decoding`` loop with ``generator`` as its candidate generator.
+
+    For ``custom_generate`` loops that bring their own generator (PLD+): ``_assisted_decoding`` builds its
+    generator with ``self._get_candidate_generator(...)`` and takes none as an argument, so for the duration of
+    the call the model *instance* answers that method with ``generator`` (an instance attribute, removed
+    afterwards; the class and other models are untouched). Verification, acceptance and cache cropping stay
+    transformers' own.
+    """
+    if "_get_candidate_generator" in vars(model):
+        raise SpecDecError("PLD+ generate is already running on this model (re-entrant call)")
+    model._get_candidate_generator = lambda **_: generator
+    try:
+        return model._assisted_decoding(*args, **kwargs)
+    finally:
+        del model._get_candidate_generator
 
 
 def install() -> None:

@@ -48,6 +48,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .assisted import run_assisted_decoding
 from .errors import SpecDecError
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
@@ -439,23 +440,6 @@ def merge_spans(spans: list[CopiedSpan]) -> list[CopiedSpan]:
 
 
 # ------------------------------------------------------------------------------------------ custom_generate
-def _assisted_decoding_with(model, generator: CandidateGenerator, *args, **kwargs):
-    """Run transformers' own ``_assisted_decoding`` loop with ``generator`` as its candidate generator.
-
-    The one use of transformers internals in PLD+: ``_assisted_decoding`` builds its generator with
-    ``self._get_candidate_generator(...)`` and takes none as an argument, so for the duration of the call the model
-    *instance* answers that method with ``generator`` (an instance attribute, removed afterwards; the class and other
-    models are untouched). Verification, acceptance and cache cropping stay transformers' own.
-    """
-    if "_get_candidate_generator" in vars(model):
-        raise SpecDecError("PLD+ generate is already running on this model (re-entrant call)")
-    model._get_candidate_generator = lambda **_: generator
-    try:
-        return model._assisted_decoding(*args, **kwargs)
-    finally:
-        del model._get_candidate_generator
-
-
 def _heads_for(model, heads_file: str | Path | None, top_heads: int | None) -> dict[int, torch.Tensor]:
     from .induction_heads import default_heads_file, read_heads_file
 
@@ -540,7 +524,7 @@ def pld_plus(
     with capture as heads_only:
         if generator is None:
             generator = PLDPlusCandidateGenerator("attention", heads=heads, heads_only=heads_only, **common)
-        out = _assisted_decoding_with(
+        out = run_assisted_decoding(
             model,
             generator,
             input_ids,
