@@ -1,29 +1,36 @@
 """hf_specdec: lossless speculative decoding for Hugging Face transformers.
 
-One import, one keyword: ``target.generate(**inputs, assistant_model=drafter)`` or
-``target.generate(**inputs, custom_generate=hf_specdec.<loop>)``.
+One import, one keyword::
+
+    target.generate(**inputs, assistant_model=drafter)            # GLIDE / EDD drafters (chains)
+    target.generate(**inputs, custom_generate=hf_specdec.pld_plus) # PLD+ (pld-plus.txt)
+    target.generate(**inputs, custom_generate=hf_specdec.space)    # SPACE auto-correct decoding (space.txt)
+    target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=...)  # any token-tree proposer
+
+Importing registers the drafters with the Auto classes and installs the one hook into transformers'
+assisted loop (``hf_specdec.assisted``).
 """
 
+from . import assisted, modeling  # noqa: F401  (Auto-class registration of the drafters)
 from .errors import SpecDecError
+from .pld_plus_generation import pld_plus
+from .space_generation import space_generate as space
 from .target import load_default_target, load_target
-
-__version__ = "0.1.0"
-
-__all__ = ["SpecDecError", "load_default_target", "load_target", "__version__"]
-
-from . import assisted, modeling  # noqa: E402, F401  (drafters' candidate generators; Auto-class registration)
+from .tree import TokenTree
+from .tree_decoding import TreeProposer, tree_generate
 
 assisted.install()
 
-from .pld_plus import pld_plus  # noqa: E402  (PLD+ custom_generate; the name is the function, not the submodule)
+__version__ = "0.1.0"
 
-__all__ += ["pld_plus"]
-
-
-def __getattr__(name: str):
-    """Lazy exports: ``hf_specdec.space`` (SPACE auto-correct ``custom_generate``; a callable module)."""
-    if name == "space":
-        import importlib
-
-        return importlib.import_module(".space", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "SpecDecError",
+    "TokenTree",
+    "TreeProposer",
+    "load_default_target",
+    "load_target",
+    "pld_plus",
+    "space",
+    "tree_generate",
+    "__version__",
+]

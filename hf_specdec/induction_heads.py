@@ -68,7 +68,7 @@ def find_induction_heads(
 ) -> tuple[torch.Tensor, int]:
     """Hit counts ``(num_layers, num_heads)`` of §4.2.1 over greedy generations for ``prompts`` (1-D id tensors)
     and the number of copy events counted."""
-    from .pld_plus import capture_selected_attention
+    from .pld_plus_generation import capture_selected_attention
 
     cfg = model.config.get_text_config()
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads

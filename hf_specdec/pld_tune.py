@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import SpecDecError
-from .pld_plus import DraftLength, occurrences, rank_by_attention, rank_by_hidden
+from .pld_plus_generation import DraftLength, occurrences, rank_by_attention, rank_by_hidden
 
 Ranker = Callable[[torch.Tensor], "int | None"]
 
@@ -171,7 +171,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from .induction_heads import default_heads_file, read_heads_file
-    from .pld_plus import capture_selected_attention
+    from .pld_plus_generation import capture_selected_attention
     from .target import load_target
     from .tasks import load_task
 

@@ -22,7 +22,7 @@ from hf_specdec.induction_heads import (
     read_heads_file,
     write_heads_file,
 )
-from hf_specdec.pld_plus import (
+from hf_specdec.pld_plus_generation import (
     PLDPlusCandidateGenerator,
     capture_selected_attention,
     occurrences,
@@ -34,7 +34,7 @@ from hf_specdec.pld_tune import hf_pld_rank
 from .conftest import tiny_gpt2, tiny_llama
 
 # `hf_specdec.pld_plus` is the custom_generate function; the module is reached through importlib
-pld_module = importlib.import_module("hf_specdec.pld_plus")
+pld_module = importlib.import_module("hf_specdec.pld_plus_generation")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -9,7 +9,7 @@ from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, 
 
 import hf_specdec
 from hf_specdec.errors import SpecDecError
-from hf_specdec.space import attention_mask, build_input, positions, space_generate
+from hf_specdec.space_generation import attention_mask, build_input, positions, space_generate
 from hf_specdec.stats import DecodeStats
 
 from .conftest import tiny_gpt2, tiny_llama

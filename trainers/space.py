@@ -163,7 +163,7 @@ def model_card(info: dict) -> str:
 
 def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
     """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward)."""
-    from hf_specdec.space import space_generate
+    from hf_specdec.space_generation import space_generate
     from hf_specdec.stats import DecodeStats
     from hf_specdec.tasks import load_task
 

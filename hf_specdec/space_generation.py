@@ -25,16 +25,13 @@ Paper names: ``k`` = number of masks (= candidates per step), ``tau`` = tokens p
 accepted tokens" in the paper, bonus counted). With ``num_masks < k`` only the first masks of each group
 are fed (a mask sees only earlier masks of its group, so a shorter group is still exact): a cheaper step.
 
-Use ``model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)``; the module itself is
-callable (it forwards to :func:`space_generate`), so ``hf_specdec.space`` works as the callable.
+Use ``model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`` (``hf_specdec.space`` is
+:func:`space_generate`).
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
 import time
-import types
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -282,14 +279,3 @@ def space_generate(
         scores=tuple(scores_out) if want_scores else None,
         past_key_values=cache,
     )
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``custom_generate=hf_specdec.space`` pass the module itself (it forwards to ``space_generate``)."""
-
-    def __call__(self, *args, **kwargs):
-        return space_generate(*args, **kwargs)
-
-
-__signature__ = inspect.signature(space_generate)  # what generate() inspects to route our extra kwargs
-sys.modules[__name__].__class__ = _CallableModule
