@@ -11,7 +11,13 @@ import sys
 
 from .errors import SpecDecError
 
-COMMANDS = ["hf_specdec.bench.cli", "hf_specdec.demo", "hf_specdec.train_cli", "hf_specdec.induction_heads", "hf_specdec.pld_tune"]
+COMMANDS = [
+    "hf_specdec.bench.cli",
+    "hf_specdec.demo",
+    "hf_specdec.train_cli",
+    "hf_specdec.induction_heads",
+    "hf_specdec.pld_tune",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import importlib
 
-RECIPES: dict[str, str] = {"space": "hf_specdec.trainers.space", "glide": "hf_specdec.trainers.glide", "edd": "hf_specdec.trainers.edd"}
+RECIPES: dict[str, str] = {
+    "space": "hf_specdec.trainers.space",
+    "glide": "hf_specdec.trainers.glide",
+    "edd": "hf_specdec.trainers.edd",
+}
 
 
 def add_parser(sub) -> None:

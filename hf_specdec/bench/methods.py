@@ -18,7 +18,13 @@ from ..errors import SpecDecError
 from ..stats import DecodeStats
 
 # Modules that register more methods on import (one line each; a missing optional part is skipped).
-PLUGIN_MODULES: list[str] = ["hf_specdec.bench.tree_methods", "hf_specdec.bench.pld_methods", "hf_specdec.bench.glide_methods", "hf_specdec.bench.space_methods", "hf_specdec.bench.edd_methods"]
+PLUGIN_MODULES: list[str] = [
+    "hf_specdec.bench.tree_methods",
+    "hf_specdec.bench.pld_methods",
+    "hf_specdec.bench.glide_methods",
+    "hf_specdec.bench.space_methods",
+    "hf_specdec.bench.edd_methods",
+]
 
 
 @dataclass
