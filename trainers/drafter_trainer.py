@@ -170,3 +170,31 @@ def write_training_curve(log_history: list[dict], out_dir: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_drafter_card(
+    out_dir: str | Path, info: dict, intro: list[str], fields: list[tuple[str, str]], footnote: str
+) -> Path:
+    """Write a drafter's model card: ``model_card.json`` (``info``) and ``README.md`` = ``intro`` lines, a table
+    with the target's fingerprint and the ``(key, label)`` ``fields`` present in ``info``, then ``footnote``."""
+    out_dir = Path(out_dir)
+    t = info["target"]
+    lines = [
+        *intro,
+        "",
+        "| | |",
+        "|---|---|",
+        f"| target | {t['name']} ({t['model_type']}, hidden {t['hidden_size']}, {t['num_hidden_layers']} layers, "
+        f"vocab {t['vocab_size']}, embedding sha1 {t['embedding_sha1'][:12]}) |",
+    ]
+    for key, label in fields:
+        if key in info:
+            value = info[key]
+            if isinstance(value, dict):
+                value = ", ".join(f"{k} {v}" for k, v in value.items())
+            lines.append(f"| {label} | {value} |")
+    lines += ["", footnote, ""]
+    (out_dir / "model_card.json").write_text(json.dumps(info, indent=1))
+    path = out_dir / "README.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -15,7 +15,6 @@ Ablations of Table 3: ``--no-soft-prompt`` (w/o encoding result), ``--loss ce`` 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -124,7 +123,7 @@ def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) 
 
 def write_model_card(out_dir: str | Path, info: dict) -> Path:
     out_dir = Path(out_dir)
-    lines = [
+    intro = [
         f"# EDD drafter for {info['target']['name']}",
         "",
         "An Effective Draft Decoder (edd-pct.txt §3.1) for lossless speculative decoding with `hf_specdec`: one "
@@ -141,14 +140,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "target.generate(**inputs, assistant_model=edd)                       # chain drafts (gamma = 5)",
         "target.generate(**inputs, custom_generate=tree_generate, proposer=EddTreeProposer(edd, 'pct'))  # PCT",
         "```",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| target | {info['target']['name']} ({info['target']['model_type']}, hidden {info['target']['hidden_size']}, "
-        f"{info['target']['num_hidden_layers']} layers, vocab {info['target']['vocab_size']}, "
-        f"embedding sha1 {info['target']['embedding_sha1'][:12]}) |",
     ]
-    for key, label in [
+    fields = [
         ("architecture", "architecture"),
         ("data", "data"),
         ("steps", "optimizer steps"),
@@ -157,22 +150,14 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("validation", "validation (held-out ShareGPT, L = 5)"),
         ("measured", "measured (greedy, mt-bench)"),
         ("command", "command"),
-    ]:
-        if key in info:
-            value = info[key]
-            if isinstance(value, dict):
-                value = ", ".join(f"{k} {v}" for k, v in value.items())
-            lines.append(f"| {label} | {value} |")
-    lines += [
-        "",
-        "tau = tokens per target forward (bonus token included), alpha = accepted / drafted tokens; top1_match = "
-        "how often EDD's argmax equals the target's on validation tokens; kl = KL(P_t || P_d) per token.",
-        "",
     ]
-    (out_dir / "model_card.json").write_text(json.dumps(info, indent=1))
-    path = out_dir / "README.md"
-    path.write_text("\n".join(lines))
-    return path
+    footnote = (
+        "tau = tokens per target forward (bonus token included), alpha = accepted / drafted tokens; top1_match = "
+        "how often EDD's argmax equals the target's on validation tokens; kl = KL(P_t || P_d) per token."
+    )
+    from hf_specdec.trainers.drafter_trainer import write_drafter_card
+
+    return write_drafter_card(out_dir, info, intro, fields, footnote)
 
 
 def run(args) -> int:

@@ -9,7 +9,6 @@ its KV cache; the drafter reads it through the block-wise cross-attention mask (
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -116,7 +115,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         if info.get("cross_attention", True)
         else "vanilla drafter (GLIDE without cross-attention)"
     )
-    lines = [
+    intro = [
         f"# {kind} for {info['target']['name']}",
         "",
         "A draft model for lossless speculative decoding with `hf_specdec` (glide-cape.txt §4.1). Embedding and LM "
@@ -129,14 +128,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         f"drafter = GlideForCausalLM.from_pretrained('{out_dir}', target=target)",
         "target.generate(**inputs, assistant_model=drafter)",
         "```",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| target | {info['target']['name']} ({info['target']['model_type']}, hidden {info['target']['hidden_size']}, "
-        f"{info['target']['num_hidden_layers']} layers, vocab {info['target']['vocab_size']}, "
-        f"embedding sha1 {info['target']['embedding_sha1'][:12]}) |",
     ]
-    for key, label in [
+    fields = [
         ("architecture", "architecture"),
         ("data", "data"),
         ("steps", "optimizer steps"),
@@ -146,22 +139,14 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("measured", "measured (greedy, `target.generate(assistant_model=...)`)"),
         ("bench", "bench"),
         ("command", "command"),
-    ]:
-        if key in info:
-            value = info[key]
-            if isinstance(value, dict):
-                value = ", ".join(f"{k} {v}" for k, v in value.items())
-            lines.append(f"| {label} | {value} |")
-    lines += [
-        "",
-        "alpha = accepted / drafted tokens, tau = tokens per target forward (bonus token included); "
-        "top1_match = how often the drafter's argmax equals the target's on validation tokens.",
-        "",
     ]
-    (out_dir / "model_card.json").write_text(json.dumps(info, indent=1))
-    path = out_dir / "README.md"
-    path.write_text("\n".join(lines))
-    return path
+    footnote = (
+        "alpha = accepted / drafted tokens, tau = tokens per target forward (bonus token included); "
+        "top1_match = how often the drafter's argmax equals the target's on validation tokens."
+    )
+    from hf_specdec.trainers.drafter_trainer import write_drafter_card
+
+    return write_drafter_card(out_dir, info, intro, fields, footnote)
 
 
 def run(args) -> int:
