@@ -28,7 +28,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not real and not slow"
 
 bench: install
-	$(VENV)/bin/hf-specdec bench --methods ar,hf-pld --tasks code-edit,text-edit,summarize,mt-bench,humaneval \
+	$(VENV)/bin/hf-specdec bench --methods ar,hf-pld,pld-plus-h,pld-plus-a --tasks code-edit,text-edit,summarize,mt-bench,humaneval \
 		--limit 10 --max-new-tokens 128 --dtype fp32 --out bench-out
 
 lint: install
