@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from ..errors import SpecDecError
 from ..stats import DecodeStats
-from .methods import Method, _greedy, register
+from .methods import Method, greedy_new_tokens, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources" / "edd-smollm2"
 DEFAULTS = [Path("runs/edd-smollm2"), PACKAGED]
@@ -65,7 +63,7 @@ class EddChain(Method):
             self.edd.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
 
     def generate(self, input_ids, max_new_tokens):
-        return _greedy(self.model, input_ids, max_new_tokens, assistant_model=self.edd), None
+        return greedy_new_tokens(self.model, input_ids, max_new_tokens, assistant_model=self.edd), None
 
 
 class _EddTree(Method):
@@ -92,16 +90,15 @@ class _EddTree(Method):
         from hf_specdec.tree_decoding import tree_generate
 
         stats = DecodeStats()
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
+        tokens = greedy_new_tokens(
+            self.model,
+            input_ids,
+            max_new_tokens,
             custom_generate=tree_generate,
             proposer=self.proposer,
             stats=stats,
         )
-        return out[0, input_ids.shape[1] :], stats
+        return tokens, stats
 
 
 @register

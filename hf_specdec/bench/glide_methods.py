@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from .methods import Method, _greedy, register
+from .methods import Method, greedy_new_tokens, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources"
 DEFAULTS = {
@@ -47,7 +47,7 @@ class _DrafterMethod(Method):
             self.drafter.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
 
     def generate(self, input_ids, max_new_tokens):
-        return _greedy(self.model, input_ids, max_new_tokens, assistant_model=self.drafter), None
+        return greedy_new_tokens(self.model, input_ids, max_new_tokens, assistant_model=self.drafter), None
 
 
 @register

@@ -57,7 +57,8 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
-def _greedy(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+def greedy_new_tokens(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+    """Greedy ``model.generate`` (batch 1, no padding) with ``kwargs``; returns the new tokens only."""
     out = model.generate(
         input_ids=input_ids,
         attention_mask=torch.ones_like(input_ids),
@@ -74,7 +75,7 @@ class AutoRegressive(Method):
     description = "plain greedy model.generate (the reference)"
 
     def generate(self, input_ids, max_new_tokens):
-        return _greedy(self.model, input_ids, max_new_tokens), None
+        return greedy_new_tokens(self.model, input_ids, max_new_tokens), None
 
 
 @register
@@ -83,7 +84,7 @@ class HFPromptLookup(Method):
     description = "transformers' prompt lookup decoding (prompt_lookup_num_tokens=10)"
 
     def generate(self, input_ids, max_new_tokens):
-        return _greedy(self.model, input_ids, max_new_tokens, prompt_lookup_num_tokens=10), None
+        return greedy_new_tokens(self.model, input_ids, max_new_tokens, prompt_lookup_num_tokens=10), None
 
 
 def available_methods() -> dict[str, type[Method]]:

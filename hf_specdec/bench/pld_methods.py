@@ -7,9 +7,7 @@ Options (``hf-specdec bench --option KEY=VALUE``): ``pld_k`` (K, tokens drafted 
 
 from __future__ import annotations
 
-import torch
-
-from .methods import Method, register
+from .methods import Method, greedy_new_tokens, register
 
 
 def _pld_kwargs(options: dict) -> dict:
@@ -42,16 +40,15 @@ class _PLDPlus(Method):
             self.kwargs.pop("pld_layer", None)
 
     def generate(self, input_ids, max_new_tokens):
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
+        tokens = greedy_new_tokens(
+            self.model,
+            input_ids,
+            max_new_tokens,
             custom_generate=self.custom_generate,
             pld_variant=self.variant,
             **self.kwargs,
         )
-        return out[0, input_ids.shape[1] :], None
+        return tokens, None
 
 
 @register

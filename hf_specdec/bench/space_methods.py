@@ -22,7 +22,7 @@ import torch
 from ..errors import SpecDecError
 from ..stats import DecodeStats
 from ..target import home, load_target
-from .methods import BenchContext, Method, register
+from .methods import BenchContext, Method, greedy_new_tokens, register
 
 logger = logging.getLogger(__name__)
 
@@ -62,16 +62,15 @@ class Space(Method):
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int):
         stats = DecodeStats()
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
+        tokens = greedy_new_tokens(
+            self.model,
+            input_ids,
+            max_new_tokens,
             custom_generate=self.generate_fn,
             num_masks=self.masks,
             stats=stats,
         )
-        return out[0, input_ids.shape[1] :], stats
+        return tokens, stats
 
 
 # --------------------------------------------------------------------------------------------- quality

@@ -15,7 +15,7 @@ import torch
 from ..stats import DecodeStats
 from ..tree import ROOT, TokenTree
 from ..tree_decoding import TreeProposer, tree_generate
-from .methods import Method, register
+from .methods import Method, greedy_new_tokens, register
 
 
 class NGramTreeProposer(TreeProposer):
@@ -89,13 +89,12 @@ class TreeLookup(Method):
 
     def generate(self, input_ids, max_new_tokens):
         stats = DecodeStats()
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
+        tokens = greedy_new_tokens(
+            self.model,
+            input_ids,
+            max_new_tokens,
             custom_generate=tree_generate,
             proposer=self.proposer,
             stats=stats,
         )
-        return out[0, input_ids.shape[1] :], stats
+        return tokens, stats
