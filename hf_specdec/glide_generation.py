@@ -27,6 +27,48 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
 
 
+class GlideDraftCache:
+    """The drafter's own self-attention KV cache across rounds, and the tokens it holds (``fed``).
+
+    Shared by the chain generator below and the CAPE proposer (``hf_specdec.cape``). Each round starts with
+    :meth:`sync` (keep the longest prefix of the committed tokens already fed; drafts that were rejected are
+    cropped away), then :meth:`step` feeds the tokens after that prefix and returns the next-token draft logits.
+    The cache holds exactly the tokens ``fed`` at positions ``0 .. len(fed) - 1``.
+    """
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.cache = DynamicCache()
+        self.fed = torch.empty(0, dtype=torch.long)  # tokens whose keys/values are in self.cache
+        self.forwards = 0  # drafter forwards so far
+
+    def sync(self, input_ids: torch.LongTensor) -> int:
+        """Crop the cache to the longest prefix of ``input_ids`` (its last token excluded) already consumed;
+        returns that prefix length, i.e. where the next :meth:`step` starts."""
+        ids = input_ids[0].cpu()
+        n = min(len(self.fed), len(ids) - 1)
+        same = (self.fed[:n] == ids[:n]).long()
+        keep = int(same.cumprod(0).sum()) if n else 0
+        if keep < self.cache.get_seq_length():
+            self.cache.crop(keep - self.cache.get_seq_length())
+        self.fed = ids[:keep]
+        return keep
+
+    def step(self, step_ids: torch.LongTensor, target_cache) -> torch.Tensor:
+        """One drafter forward over ``step_ids`` (1, n), placed right after the cached tokens and cross-attending
+        to ``target_cache`` (the target's verified KV cache); returns the float draft-vocabulary logits of the
+        last position, (1, draft vocab)."""
+        device = self.drafter.norm.weight.device
+        start = len(self.fed)
+        positions = torch.arange(start, start + step_ids.shape[1], device=device)[None]
+        hidden = self.drafter.hidden_states(
+            step_ids.to(device), positions, self.cache, target_past_key_values=target_cache
+        )[:, -1:]
+        self.fed = torch.cat([self.fed, step_ids[0].cpu()])
+        self.forwards += 1
+        return self.drafter.draft_logits(hidden)[:, 0].float()
+
+
 class GlideCandidateGenerator(CandidateGenerator):
     requires_model_outputs = True
     model_kwargs_overrides: dict = {}
@@ -44,21 +86,12 @@ class GlideCandidateGenerator(CandidateGenerator):
         self.logits_processor = LogitsProcessorList(
             p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
         )
-        self.cache = DynamicCache()
-        self.fed = torch.empty(0, dtype=torch.long)  # tokens whose keys/values are in self.cache
+        self.state = GlideDraftCache(drafter)
         self.draft_time = 0.0
-        self.draft_forwards = 0
 
-    def _sync_cache(self, input_ids: torch.LongTensor) -> int:
-        """Crop the drafter's cache to the longest prefix of ``input_ids`` it has already consumed."""
-        ids = input_ids[0].cpu()
-        n = min(len(self.fed), len(ids) - 1)
-        same = (self.fed[:n] == ids[:n]).long()
-        keep = int(same.cumprod(0).sum()) if n else 0
-        if keep < self.cache.get_seq_length():
-            self.cache.crop(keep - self.cache.get_seq_length())
-        self.fed = ids[:keep]
-        return keep
+    @property
+    def draft_forwards(self) -> int:
+        return self.state.forwards
 
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, **kwargs):
@@ -69,20 +102,13 @@ class GlideCandidateGenerator(CandidateGenerator):
         verified = target_cache.get_seq_length() if target_cache is not None else 0
         if budget <= 0 or (self.drafter.config.cross_attention and verified == 0):
             return input_ids, None
-        keep = self._sync_cache(input_ids)
+        keep = self.state.sync(input_ids)
         device = self.drafter.norm.weight.device
         step_ids = input_ids[:, keep:].to(device)
         sequence = input_ids.to(device)
         drafted, scores = [], []
         for _ in range(budget):
-            start = sequence.shape[1] - step_ids.shape[1]
-            positions = torch.arange(start, sequence.shape[1], device=device)[None]
-            hidden = self.drafter.hidden_states(
-                step_ids, positions, self.cache, target_past_key_values=target_cache
-            )[:, -1:]
-            self.fed = torch.cat([self.fed, step_ids[0].cpu()])
-            self.draft_forwards += 1
-            logits = self.drafter.draft_logits(hidden)[:, 0].float()
+            logits = self.state.step(step_ids, target_cache)
             if len(self.logits_processor) or self.do_sample or self.drafter.draft_vocab_ids is None:
                 logits = self.drafter.to_full_vocab(logits)
                 logits = self.logits_processor(sequence, logits)

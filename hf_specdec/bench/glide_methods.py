@@ -5,6 +5,12 @@ Checkpoints come from ``--option glide=PATH`` / ``--option vanilla=PATH``; by de
 ``runs/vanilla-smollm2`` (what ``hf-specdec train glide`` writes in the docs' recipe), then the GLIDE checkpoint
 shipped in the package (``hf_specdec/resources/glide-smollm2``). ``--option gamma=N`` sets the number of draft
 tokens per round (default 5). Stats are inferred from the target's forwards (``stats.ForwardMeter``).
+
+``glide-cape``: the same GLIDE checkpoint with CAPE (§4.2, ``hf_specdec.cape``): gamma = 5 proposal tokens plus
+confidence-sized expansion sets, verified as one token tree per target forward through ``custom_generate=
+hf_specdec.glide_cape``. It returns its own ``DecodeStats`` (tau = new tokens per target forward; drafted = all
+tree nodes, so alpha is per node; nodes per step in ``DecodeStats.steps``). Options: ``gamma``, and
+``cape_bins=0.3:7,0.6:5,0.8:3,1:1`` (S(p) as upper:K pairs).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..stats import DecodeStats
 from .methods import Method, greedy_new_tokens, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources"
@@ -62,3 +69,42 @@ class VanillaDraft(_DrafterMethod):
     name = "vanilla-draft"
     description = "vanilla drafter (GLIDE without cross-attention) via assistant_model, gamma=5"
     kind = "vanilla"
+
+
+def parse_bins(text: str) -> list[tuple[float, int]]:
+    """``"0.3:7,0.6:5,0.8:3,1:1"`` -> ``[(0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1)]`` (CAPE's S(p))."""
+    try:
+        return [(float(u), int(k)) for u, k in (pair.split(":") for pair in text.split(","))]
+    except ValueError as err:
+        raise SpecDecError(
+            f"bad --option cape_bins={text!r}: give upper:K pairs, e.g. cape_bins=0.3:7,0.6:5,0.8:3,1:1"
+        ) from err
+
+
+@register
+class GlideCape(_DrafterMethod):
+    name = "glide-cape"
+    description = "GLIDE + CAPE: gamma=5 chain + 7/5/3/1 siblings by confidence, one tree per forward"
+    kind = "glide"
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        from hf_specdec.cape import DEFAULT_EXPANSION, check_expansion
+
+        bins = ctx.options.get("cape_bins")
+        self.expansion = check_expansion(parse_bins(bins) if bins else DEFAULT_EXPANSION)
+
+    def generate(self, input_ids, max_new_tokens):
+        from hf_specdec.cape import glide_cape
+
+        stats = DecodeStats()
+        tokens = greedy_new_tokens(
+            self.model,
+            input_ids,
+            max_new_tokens,
+            custom_generate=glide_cape,
+            drafter=self.drafter,
+            cape_expansion=self.expansion,
+            stats=stats,
+        )
+        return tokens, stats

@@ -1,0 +1,239 @@
+"""CAPE, confidence-aware proposal expansion (glide-cape.txt §4.2), on a GLIDE drafter, verified as a token tree.
+
+Usage (one keyword, like the other methods)::
+
+    import hf_specdec
+    from hf_specdec.modeling import GlideForCausalLM
+
+    glide = GlideForCausalLM.from_pretrained("runs/glide-smollm2", target=target)
+    out = target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide, max_new_tokens=128)
+
+Options of :func:`glide_cape`: ``cape_gamma`` (gamma, proposal length; default the drafter's
+``generation_config.num_assistant_tokens``, 5 as in the paper), ``cape_expansion`` (the confidence bins of S(p),
+see :data:`DEFAULT_EXPANSION`), ``stats`` (a ``DecodeStats``, filled per step, nodes per step in ``stats.steps``)
+and ``tree_streamer``. Greedy or sampling follows ``do_sample`` as in any ``generate`` call.
+
+**Proposal expansion.** Each step the GLIDE drafter runs autoregressively for gamma tokens, cross-attending to the
+target's KV cache as verified so far (``StepFeedback.past_key_values`` of the tree core). At draft position
+``t + i`` it picks the proposal token ``x_{t+i} = argmax p_D(. | x_{<t+i})``, reads its confidence
+``p_i = max p_D``, and takes the expansion set ``X_i``: the ``K_i = S(p_i)`` next-best tokens of the *same*
+distribution (no extra drafter forward; expansion tokens are never fed back to the drafter, unlike beam search).
+S(p) = 7, 5, 3, 1 for p in (0, 0.3], (0.3, 0.6], (0.6, 0.8], (0.8, 1] (§4.2). When ``generate`` has logits
+processors (temperature, top-k/p, penalties) the ranking and the confidence use the processed draft distribution,
+the one the target's acceptance will see; without processors, the drafter's own distribution.
+
+**Verification.** The expanded proposal is a token tree: the proposal chain ``x_{t+1} -> ... -> x_{t+gamma}``, and
+every token of ``X_i`` is a leaf sibling of ``x_{t+i}`` (child of ``x_{t+i-1}``, or of the root for i = 1). The
+tree's nodes are in the paper's linearized order (proposal first, then the expansion sets), and the tree mask
+(``tree.py``: prefix, ancestors, itself) is exactly ``mask_CAPE``: token i sees the proposal tokens ``j`` with
+``pos(i) > j`` and itself. One target forward verifies it (``tree_decoding.tree_generate``); ``acceptance.py``
+keeps the longest accepted path. All drafts are deterministic (``draft_probs=None``, i.e. one-hot q), for which
+tree speculative sampling is lossless; greedy is token-identical to plain greedy decoding.
+
+The drafter keeps its own self-attention cache across steps (``glide_generation.GlideDraftCache``, shared with the
+chain generator): it is cropped to the committed tokens it already holds, so only the tokens after it (the
+accepted expansion token or bonus token, and the root) are fed on the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from .errors import SpecDecError
+from .glide_generation import GlideDraftCache
+from .stats import DecodeStats
+from .tree import ROOT, TokenTree
+from .tree_decoding import StepFeedback, TreeProposer, tree_generate
+
+DEFAULT_GAMMA = 5  # gamma, proposal length (§5.1)
+
+# S(p) of §4.2 as (upper bound of the confidence bin, K): K = 7 for p <= 0.3, 5 for p <= 0.6, 3 for p <= 0.8,
+# 1 above. Bins are left-open, right-closed; the last upper bound must be >= 1.
+DEFAULT_EXPANSION: tuple[tuple[float, int], ...] = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
+
+
+def check_expansion(expansion: Sequence[Sequence[float]]) -> tuple[tuple[float, int], ...]:
+    """Validate an S(p) table ``[(upper, K), ...]`` (increasing uppers, last >= 1, K >= 0)."""
+    table = tuple((float(u), int(k)) for u, k in expansion)
+    uppers = [u for u, _ in table]
+    if not table or uppers != sorted(set(uppers)) or uppers[-1] < 1.0 or any(k < 0 for _, k in table):
+        raise SpecDecError(
+            f"invalid CAPE expansion table {expansion!r}: give [(upper, K), ...] with strictly increasing "
+            "confidence upper bounds, the last one >= 1.0, and sizes K >= 0 (default ((0.3, 7), (0.6, 5), "
+            "(0.8, 3), (1.0, 1)))"
+        )
+    return table
+
+
+def expansion_size(p: float, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION) -> int:
+    """K = S(p): the size of the expansion set for a proposal token of confidence ``p``."""
+    for upper, k in expansion:
+        if p <= upper:
+            return k
+    return expansion[-1][1]
+
+
+def expand(
+    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION
+) -> tuple[int, float, list[int]]:
+    """One draft position from one distribution ``probs`` (``(vocab,)``): the proposal token (argmax), its
+    confidence ``p = max probs`` and the expansion set, the ``S(p)`` next-best tokens in decreasing probability
+    (tokens of probability 0 are left out)."""
+    k_max = max(k for _, k in expansion)
+    top = probs.topk(min(k_max + 1, probs.numel()))
+    p = float(top.values[0])
+    k = expansion_size(p, expansion)
+    values, indices = top.values[1 : 1 + k], top.indices[1 : 1 + k]
+    return int(top.indices[0]), p, indices[values > 0].tolist()
+
+
+def cape_tree(
+    proposal: Sequence[int], expansions: Sequence[Sequence[int]], device: torch.device | str = "cpu"
+) -> TokenTree:
+    """The expanded proposal as a tree: nodes ``0 .. gamma-1`` are the proposal chain, then the expansion sets in
+    position order, each token a leaf child of the proposal token before its position (the root for position 1)."""
+    tokens = [int(t) for t in proposal]
+    parents = list(range(ROOT, len(tokens) - 1))
+    for i, tokens_i in enumerate(expansions):
+        tokens += [int(t) for t in tokens_i]
+        parents += [i - 1] * len(tokens_i)
+    return TokenTree(
+        torch.tensor(tokens, dtype=torch.long, device=device),
+        torch.tensor(parents, dtype=torch.long, device=device),
+    )
+
+
+class CapeProposer(TreeProposer):
+    """GLIDE + CAPE as a :class:`~hf_specdec.tree_decoding.TreeProposer` (see the module docstring).
+
+    ``gamma`` (default: the drafter's ``num_assistant_tokens``, else 5) drafter forwards per step build the chain
+    and every expansion set. ``expansion`` is the S(p) table. ``logits_processor``: the processors of the
+    ``generate`` call (``glide_cape`` passes them), used to rank the draft tokens. After each ``propose``,
+    ``last_confidences`` / ``last_sizes`` hold p_i and |X_i| per position.
+    """
+
+    def __init__(
+        self,
+        drafter,
+        gamma: int | None = None,
+        expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION,
+        logits_processor: LogitsProcessorList | None = None,
+    ):
+        if not (hasattr(drafter, "hidden_states") and hasattr(drafter, "draft_logits")):
+            raise SpecDecError(
+                f"CAPE needs a GLIDE drafter (hf_specdec.modeling.GlideForCausalLM), got {type(drafter).__name__}"
+            )
+        self.drafter = drafter
+        gamma = gamma or getattr(drafter.generation_config, "num_assistant_tokens", None) or DEFAULT_GAMMA
+        if int(gamma) < 1:
+            raise SpecDecError(f"CAPE gamma (proposal length) must be >= 1, got {gamma}")
+        self.gamma = int(gamma)
+        self.expansion = check_expansion(expansion)
+        self.logits_processor = logits_processor
+        self.state: GlideDraftCache | None = None
+        self.target_cache = None
+        self.eos: set[int] = set()
+        self.last_confidences: list[float] = []
+        self.last_sizes: list[int] = []
+
+    def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
+        if self.drafter.target is not model:
+            self.drafter.attach_target(model)
+        self.state = GlideDraftCache(self.drafter)
+        self.target_cache = None
+        eos = getattr(generation_config, "_eos_token_tensor", None)
+        if eos is None:
+            eos = generation_config.eos_token_id
+        self.eos = set() if eos is None else set(torch.as_tensor(eos).flatten().tolist())
+
+    def observe(self, feedback: StepFeedback) -> None:
+        self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
+
+    def _rank(self, sequence: torch.Tensor, logits: torch.Tensor) -> tuple[int, float, list[int]]:
+        """Proposal token, confidence and expansion set (full-vocabulary ids) from one draft-vocab logits row."""
+        if self.logits_processor:
+            full = self.drafter.to_full_vocab(logits[None])
+            full = self.logits_processor(sequence, full.to(sequence.device))[0]
+            return expand(full.softmax(-1), self.expansion)
+        token, p, siblings = expand(logits.softmax(-1), self.expansion)
+        ids = self.drafter.draft_vocab_ids
+        if ids is None:
+            return token, p, siblings
+        return int(ids[token]), p, ids[siblings].tolist() if siblings else []
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
+        gamma = min(self.gamma, max_depth)
+        self.last_confidences, self.last_sizes = [], []
+        if gamma <= 0 or self.state is None:
+            return TokenTree.empty(input_ids.device)
+        keep = self.state.sync(input_ids)
+        step_ids, sequence = input_ids[:, keep:], input_ids
+        proposal: list[int] = []
+        expansions: list[list[int]] = []
+        for i in range(gamma):
+            logits = self.state.step(step_ids, self.target_cache)[0]
+            token, p, siblings = self._rank(sequence, logits)
+            proposal.append(token)
+            expansions.append(siblings)
+            self.last_confidences.append(p)
+            self.last_sizes.append(len(siblings))
+            if token in self.eos or i == gamma - 1:
+                break
+            step_ids = input_ids.new_tensor([[token]])
+            sequence = torch.cat([sequence, step_ids], dim=1)
+        return cape_tree(proposal, expansions, input_ids.device)
+
+
+def glide_cape(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria=None,
+    generation_config: GenerationConfig | None = None,
+    synced_gpus: bool = False,
+    streamer=None,
+    drafter=None,
+    cape_gamma: int | None = None,
+    cape_expansion: Sequence[tuple[float, int]] | None = None,
+    stats: DecodeStats | None = None,
+    tree_streamer=None,
+    **model_kwargs,
+):
+    """``custom_generate`` for GLIDE + CAPE: ``target.generate(**inputs, custom_generate=hf_specdec.glide_cape,
+    drafter=glide)``. Batch size 1; every ``generate`` argument works as with ``tree_generate`` (pass a streamer as
+    ``tree_streamer=``: transformers 5.23 does not forward ``streamer=`` to a ``custom_generate`` callable).
+
+    Args:
+        drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed).
+        cape_gamma: gamma, proposal length (default: the drafter's ``num_assistant_tokens``, else 5).
+        cape_expansion: S(p) as ``[(upper, K), ...]`` (default :data:`DEFAULT_EXPANSION`).
+        stats: a ``DecodeStats`` to fill (tau = new tokens per target forward; ``steps[i]["nodes"]``).
+    """
+    if drafter is None:
+        raise SpecDecError(
+            "glide_cape needs a GLIDE drafter: target.generate(..., custom_generate=hf_specdec.glide_cape, "
+            "drafter=GlideForCausalLM.from_pretrained(path, target=target))"
+        )
+    proposer = CapeProposer(
+        drafter,
+        gamma=cape_gamma,
+        expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
+        logits_processor=logits_processor,
+    )
+    return tree_generate(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus,
+        streamer,
+        proposer=proposer,
+        stats=stats,
+        tree_streamer=tree_streamer,
+        **model_kwargs,
+    )

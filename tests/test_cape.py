@@ -1,0 +1,352 @@
+"""CAPE (glide-cape.txt §4.2) on a GLIDE drafter: S(p) bins, siblings from the same draft forward (gamma forwards
+per step), the tree is the CAPE mask, drafter cache sync, greedy token-identical, sampling keeps the target's
+distribution, bench method, and the trained checkpoint on the real target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.bench.methods import BenchContext, get_method
+from hf_specdec.cape import (
+    DEFAULT_EXPANSION,
+    CapeProposer,
+    cape_tree,
+    check_expansion,
+    expand,
+    expansion_size,
+    glide_cape,
+)
+from hf_specdec.errors import SpecDecError
+from hf_specdec.stats import DecodeStats
+from hf_specdec.tree_decoding import StepFeedback, tree_generate
+
+from .conftest import tiny_llama
+from .test_glide_model import _drafter
+
+CHECKPOINT = Path(__file__).resolve().parent.parent / "runs" / "glide-q"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _constructed(confidence: float, order: torch.Tensor) -> torch.Tensor:
+    """Logits whose softmax gives ``order[0]`` probability ``confidence`` and the rest strictly decreasing."""
+    rest = 0.9 ** torch.arange(1, len(order), dtype=torch.float64)
+    probs = torch.empty(len(order), dtype=torch.float64)
+    probs[order[0]] = confidence
+    probs[order[1:]] = (1 - confidence) * rest / rest.sum()
+    return probs.log().float()
+
+
+def _ready(proposer: CapeProposer, target, ids: torch.Tensor) -> None:
+    """Put ``proposer`` where the tree core leaves it after the prefill of ``ids[:, :-1]``."""
+    proposer.start(target, ids, target.generation_config)
+    cache = target(ids[:, :-1], use_cache=True).past_key_values
+    proposer.observe(StepFeedback(ids, [int(ids[0, -1])], 0, [], None, cache, is_prefill=True))
+
+
+# ------------------------------------------------------------------ S(p) and the expansion sets
+def test_expansion_sizes_follow_the_bins():
+    sizes = [expansion_size(p) for p in (0.01, 0.3, 0.31, 0.6, 0.61, 0.8, 0.81, 1.0)]
+    assert sizes == [7, 7, 5, 5, 3, 3, 1, 1]
+    custom = check_expansion([(0.5, 2), (1.0, 0)])
+    assert [expansion_size(p, custom) for p in (0.2, 0.5, 0.9)] == [2, 2, 0]
+    for bad in ([], [(0.5, 2)], [(0.6, 2), (0.3, 1), (1.0, 0)], [(1.0, -1)]):
+        with pytest.raises(SpecDecError, match="expansion table"):
+            check_expansion(bad)
+    order = torch.randperm(20, generator=torch.Generator().manual_seed(0))
+    for confidence, k in ((0.2, 7), (0.45, 5), (0.7, 3), (0.9, 1)):
+        token, p, siblings = expand(_constructed(confidence, order).softmax(-1))
+        assert token == int(order[0]) and p == pytest.approx(confidence, abs=1e-5)
+        assert siblings == order[1 : 1 + k].tolist()  # the next-best tokens, best first
+    token, _, siblings = expand(torch.tensor([0.3, 0.5, 0.2, 0.0, 0.0]))  # K = 5, no zero-probability sibling
+    assert token == 1 and siblings == [0, 2]
+
+
+def test_proposer_expansion_follows_constructed_draft_distributions():
+    """Drive the drafter with constructed distributions (one per draft forward): the tree has the proposal chain
+    and, at each depth, S(p_i) siblings of the proposal token, exactly the next-best tokens of that forward."""
+    target = tiny_llama()
+    d = _drafter(target)
+    confidences = [0.2, 0.45, 0.7, 0.9, 0.25]
+    gen = torch.Generator().manual_seed(1)
+    orders = [3 + torch.randperm(94, generator=gen) for _ in confidences]  # never EOS (2)
+    rows = [_constructed(c, torch.cat([o, torch.tensor([0, 1, 2])])) for c, o in zip(confidences, orders)]
+    calls = []
+
+    def constructed_logits(hidden):
+        calls.append(hidden.shape)
+        return rows[len(calls) - 1].expand(*hidden.shape[:-1], -1)
+
+    d.draft_logits = constructed_logits
+    proposer = CapeProposer(d, gamma=5)
+    ids = torch.randint(3, 97, (1, 7), generator=gen)
+    _ready(proposer, target, ids)
+    tree = proposer.propose(ids, max_depth=10)
+    assert len(calls) == 5  # gamma forwards, nothing more for the siblings
+    assert proposer.last_sizes == [7, 5, 3, 1, 7]
+    assert proposer.last_confidences == pytest.approx(confidences, abs=1e-5)
+    chain = [int(o[0]) for o in orders]
+    assert tree.tokens[:5].tolist() == chain and tree.parents[:5].tolist() == [-1, 0, 1, 2, 3]
+    for i, (order, k) in enumerate(zip(orders, proposer.last_sizes)):
+        kids = tree.children(i - 1)  # parent of depth i + 1: the proposal token before it (root for i = 0)
+        assert kids[0] == i  # the proposal token is tried first
+        assert tree.tokens[kids[1:]].tolist() == order[1 : 1 + k].tolist()
+        assert all(not tree.children(c) for c in kids[1:])  # expansion tokens are leaves
+    assert len(tree) == 5 + 7 + 5 + 3 + 1 + 7
+    calls.clear()
+    assert proposer.propose(ids, max_depth=2).max_depth == 2 and len(calls) == 2  # max_depth caps gamma
+
+
+# ------------------------------------------------------------------ the tree is the CAPE mask
+def test_tree_mask_is_the_cape_mask():
+    proposal = [11, 12, 13, 14]
+    expansions = [[21, 22, 23], [], [31, 32, 33, 34, 35], [41]]
+    tree = cape_tree(proposal, expansions)
+    gamma = len(proposal)
+    pos = list(range(gamma)) + [i for i, e in enumerate(expansions) for _ in e]  # pos() of §4.2, 0-based
+    beta = len(pos)
+    assert tree.tokens.tolist() == proposal + [t for e in expansions for t in e]  # the paper's linearization
+    paper = torch.tensor([[(j < gamma and pos[i] > j) or i == j for j in range(beta)] for i in range(beta)])
+    mask = tree.ancestor_mask()
+    assert mask[:, 0].all()  # every fed token sees the root (the last committed token)
+    assert torch.equal(mask[1:, 1:], paper)
+    # same position id for an expansion token and the proposal token it stands in for
+    assert tree.position_ids(10)[0, 1:].tolist() == [11 + p for p in pos]
+    full = tree.attention_mask(10)
+    assert full.shape == (1, 1, beta + 1, 10 + beta + 1) and full[0, 0, :, :10].all()
+
+
+# ------------------------------------------------------------------ gamma forwards per step, drafter cache sync
+class Recording(CapeProposer):
+    """Records per step: drafter forwards, the tree, max_depth, the draft logits rows of the step's forwards and
+    how many tokens its first forward fed (``rows`` / ``fed_lengths`` are filled by spies on the drafter)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.steps, self.accepted_expansions, self.rows, self.fed_lengths = [], 0, [], []
+
+    def propose(self, input_ids, max_depth):
+        before, first = self.state.forwards, len(self.fed_lengths)
+        self.rows = []
+        tree = super().propose(input_ids, max_depth)
+        fed, n = self.state.fed, input_ids.shape[1]
+        if len(tree):  # the drafter cache holds the committed tokens, then the proposal tokens but the last
+            assert fed[:n].tolist() == input_ids[0].tolist()
+            assert fed[n:].tolist() == tree.tokens[: tree.max_depth - 1].tolist()
+            assert self.state.cache.get_seq_length() == len(fed)
+        catch_up = self.fed_lengths[first] if len(self.fed_lengths) > first else 0
+        self.steps.append((self.state.forwards - before, tree, max_depth, list(self.rows), catch_up))
+        return tree
+
+    def observe(self, feedback):
+        super().observe(feedback)
+        if feedback.tree is not None:
+            self.accepted_expansions += sum(
+                node >= feedback.tree.max_depth for node in feedback.accepted_nodes
+            )
+
+
+def test_siblings_come_from_the_same_forward_gamma_forwards_per_step():
+    target = tiny_llama()
+    d = _drafter(target)
+    proposer = Recording(d, gamma=4)
+    original = d.draft_logits
+
+    def spy(hidden):
+        out = original(hidden)
+        proposer.rows.append(out[0, -1].float())
+        return out
+
+    def spy_hidden(ids, positions, cache, target_past_key_values=None):
+        proposer.fed_lengths.append(ids.shape[1])
+        return type(d).hidden_states(d, ids, positions, cache, target_past_key_values=target_past_key_values)
+
+    d.draft_logits, d.hidden_states = spy, spy_hidden
+    prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(2))
+    ref = target.generate(prompt, max_new_tokens=30, do_sample=False)
+    out = target.generate(
+        prompt, max_new_tokens=30, do_sample=False, custom_generate=tree_generate, proposer=proposer
+    )
+    assert torch.equal(out, ref)
+    full_steps = 0
+    for forwards, tree, max_depth, rows, _ in proposer.steps:
+        depth = tree.max_depth
+        assert forwards == len(rows) == depth  # one forward per proposal token; the siblings cost nothing
+        ended_by_eos = depth and int(tree.tokens[depth - 1]) == 2
+        assert depth == min(4, max_depth) or ended_by_eos
+        full_steps += depth == 4
+        for i, row in enumerate(rows):  # position i's siblings are the runners-up of forward i
+            token, _, siblings = expand(row.softmax(-1))
+            assert int(tree.tokens[i]) == token
+            assert tree.tokens[[c for c in tree.children(i - 1) if c != i]].tolist() == siblings
+    assert full_steps >= 3
+    # the first step feeds the prompt and the first token (cross-attending to the prefill's cache); later steps
+    # only catch up the accepted expansion token or the last proposal token, and the new root
+    catch_up = [step[4] for step in proposer.steps if step[0]]
+    assert catch_up[0] == prompt.shape[1] + 1 and all(1 <= c <= 2 for c in catch_up[1:])
+
+
+# ------------------------------------------------------------------ lossless
+@pytest.mark.parametrize("kw", [{}, {"cross_attention": False}, {"draft_vocab_size": 50}])
+def test_greedy_is_token_identical_to_plain_generate(kw):
+    target = tiny_llama()
+    d = _drafter(target, **kw)
+    if kw.get("draft_vocab_size"):
+        d.set_draft_vocab(torch.arange(47, 97))
+    for seed in range(2):
+        prompt = torch.randint(3, 97, (1, 5 + seed), generator=torch.Generator().manual_seed(seed))
+        ref = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        stats = DecodeStats()
+        out = target.generate(
+            prompt,
+            max_new_tokens=24,
+            do_sample=False,
+            custom_generate=hf_specdec.glide_cape,
+            drafter=d,
+            stats=stats,
+        )
+        assert torch.equal(out, ref), (kw, seed)
+        assert stats.new_tokens == out.shape[1] - prompt.shape[1]
+        assert stats.target_forwards == len(stats.steps) and stats.tau == pytest.approx(
+            stats.new_tokens / stats.target_forwards
+        )
+        assert max(s["nodes"] for s in stats.steps) > max(s["depth"] for s in stats.steps)  # expanded
+
+
+def test_accepted_expansion_tokens_happen_and_stay_exact():
+    """With a weak drafter some accepted tokens are expansion tokens (not the proposal's); the output stays exact
+    and the drafter cache is re-synced after them (checked in ``Recording.propose``)."""
+    target = tiny_llama()
+    d = _drafter(target, seed=5)
+    proposer = Recording(d, gamma=3)
+    for seed in range(3):
+        prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(10 + seed))
+        ref = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        out = target.generate(
+            prompt, max_new_tokens=24, do_sample=False, custom_generate=tree_generate, proposer=proposer
+        )
+        assert torch.equal(out, ref)
+    assert proposer.accepted_expansions > 0
+
+
+def test_sampling_keeps_the_target_distribution():
+    """Tokens 2-3 (the first tree step, gamma 2) sampled by a tiny peaked target (vocab 6, temperature + top-k) through CAPE trees (deterministic
+    drafts, one-hot q): chi-square of their joint against the target's."""
+    stats = pytest.importorskip("scipy.stats")
+    V = 6
+    target = tiny_llama(vocab_size=V, seed=3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)  # a peaked target, so that a wrong rule shows
+    d = _drafter(target, seed=4)
+    prompt = torch.tensor([[1, 4, 2]])
+    temp, top_k = 0.8, 4
+
+    @torch.no_grad()
+    def p(ids):
+        logits = target(ids).logits[0, -1] / temp
+        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
+        return torch.softmax(logits, -1)
+
+    torch.manual_seed(0)
+    n, counts, nodes = 500, torch.zeros(V, V), 0
+    for _ in range(n):
+        st = DecodeStats()
+        out = target.generate(
+            prompt,
+            max_new_tokens=4,
+            do_sample=True,
+            temperature=temp,
+            top_k=top_k,
+            top_p=1.0,
+            custom_generate=glide_cape,
+            drafter=d,
+            cape_gamma=2,
+            stats=st,
+        )
+        counts[out[0, 4], out[0, 5]] += 1
+        nodes = max(nodes, st.steps[1]["nodes"])
+    assert nodes > 2  # depth-2 trees with siblings
+    expected = torch.zeros(V, V)  # P(x2, x3) = sum_x1 p(x1) p(x2 | x1) p(x3 | x1, x2)
+    for a, pa in enumerate(p(prompt).tolist()):
+        if pa > 0:
+            ids = torch.cat([prompt, torch.tensor([[a]])], 1)
+            p2 = p(ids)
+            expected += pa * torch.stack(
+                [p2[b] * p(torch.cat([ids, torch.tensor([[b]])], 1)) for b in range(V)]
+            )
+    keep = expected.flatten() > 0
+    assert counts.flatten()[~keep].sum() == 0
+    obs, exp = counts.flatten()[keep].double(), expected.flatten()[keep].double()
+    assert stats.chisquare(obs.numpy(), (exp * n / exp.sum()).numpy()).pvalue > 1e-3
+
+
+def test_clear_errors():
+    target = tiny_llama()
+    with pytest.raises(SpecDecError, match="needs a GLIDE drafter"):
+        target.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3, custom_generate=glide_cape)
+    with pytest.raises(SpecDecError, match="GLIDE drafter"):
+        CapeProposer(tiny_llama())
+    assert DEFAULT_EXPANSION == ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
+
+
+# ------------------------------------------------------------------ bench method
+def test_bench_method_glide_cape(tmp_path):
+    target = tiny_llama()
+    _drafter(target).save_pretrained(tmp_path)
+    method = get_method("glide-cape")()
+    method.setup(
+        BenchContext(target, None, "fp32", {"glide": str(tmp_path), "gamma": "3", "cape_bins": "0.5:2,1:1"})
+    )
+    assert method.drafter.generation_config.num_assistant_tokens == 3
+    prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(0))
+    tokens, stats = method.generate(prompt, 16)
+    assert torch.equal(tokens, target.generate(prompt, max_new_tokens=16, do_sample=False)[0, 6:])
+    assert stats.new_tokens == len(tokens) and stats.target_forwards == len(stats.steps)
+    assert max(s["nodes"] for s in stats.steps) <= 3 * 3 and max(s["depth"] for s in stats.steps) == 3
+    with pytest.raises(SpecDecError, match="cape_bins"):
+        method.setup(BenchContext(target, None, "fp32", {"glide": str(tmp_path), "cape_bins": "0.5-2"}))
+
+
+# ------------------------------------------------------------------ the trained drafter on the real target
+@pytest.mark.real
+def test_real_target_trained_glide_cape_is_identical(real_target):
+    if not (CHECKPOINT / "config.json").is_file():
+        pytest.skip(f"no trained GLIDE checkpoint at {CHECKPOINT} (git-ignored; train it per docs/glide.md)")
+    from hf_specdec.modeling import GlideForCausalLM
+
+    model, tok = real_target
+    d = GlideForCausalLM.from_pretrained(CHECKPOINT, target=model, dtype=model.dtype).eval()
+    accepted = 0
+    for text in ("Write a Python function that reverses a string.", "What is the capital of France?"):
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]
+        mask = torch.ones_like(ids)
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
+        stats = DecodeStats()
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=32,
+            do_sample=False,
+            custom_generate=hf_specdec.glide_cape,
+            drafter=d,
+            stats=stats,
+        )
+        assert torch.equal(out, ref), text
+        accepted += stats.accepted
+    assert accepted > 0
