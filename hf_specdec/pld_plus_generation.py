@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .assisted import run_assisted_decoding
 from .errors import SpecDecError
+from .verify_cost import CostCurve, measured_cost
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 
@@ -57,8 +58,11 @@ VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "a
 # SmolLM2's 30 (stored as a fraction of the depth so that it transfers to other depths), K = 10, the top 10 heads,
 # and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a verification forward
 # costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
-DEFAULT_NUM_TOKENS = 10
-DEFAULT_GROWTH = 2  # a running copy's draft may grow to DEFAULT_GROWTH * K (pld_max_num_tokens)
+DEFAULT_NUM_TOKENS = (
+    10  # the paper's fixed K, used when pld_num_tokens is given (or the cost is not measured)
+)
+DEFAULT_MAX_TOKENS = 64  # adaptive mode's cap on K (DraftLength)
+DEFAULT_PRIORS = (0.6, 0.9)  # DraftLength's prior acceptance of a fresh occurrence / a running copy
 DEFAULT_LAYER_FRACTION = 14 / 30
 DEFAULT_TOP_HEADS = 10
 DEFAULT_MIN_SCORE = {"hidden": 0.8, "attention": 0.2}
@@ -121,26 +125,58 @@ def rank_by_attention(rows: torch.Tensor, occ: torch.Tensor) -> tuple[int | None
 
 @dataclass
 class DraftLength:
-    """``K`` per step: ``k``, grown (doubled, up to ``max_k``) while a copy keeps being fully accepted.
+    """``K`` per step (§4.3's K, chosen by expected time gain: an extension for CPUs, where drafted tokens cost).
 
-    When every drafted token was accepted and the next step's best occurrence is exactly where that copy continues
-    in the context (the source position of the token the target added after the draft), the copy is evidently
-    still running and the next draft doubles; anything else starts again from ``k``. ``max_k = k`` turns growth off.
-    (An extension of §4.3's fixed ``K`` for CPUs, where every drafted token costs verification time.)
+    Fixed mode (``cost=None``): always ``max_k`` tokens, the paper's fixed ``K``.
+
+    Adaptive mode: a drafted token is taken to be accepted with probability ``a`` once the tokens before it were
+    (a geometric chain), so a ``K``-token draft yields ``E(K) = (1 - a^(K+1)) / (1 - a)`` tokens (the target's own
+    token included) for a forward costing ``c(K + 1)`` one-token forwards (:class:`~hf_specdec.verify_cost.CostCurve`,
+    measured on the running machine). The step drafts the ``K <= max_k`` maximising ``E(K) / c(K + 1)``, and
+    nothing when no ``K`` beats a plain step (``E / c <= 1``). ``a`` is estimated online (accepted tokens over
+    accepted tokens plus rejections, started from a prior worth ``weight`` tokens) separately for a *fresh*
+    occurrence and for a *running copy*: the best occurrence is exactly where the previous, fully accepted draft's
+    copy continues. Priors come from the summarize tuning (``hf-specdec pld-tune``).
     """
 
-    k: int
     max_k: int
+    cost: CostCurve | None = None
+    prior_fresh: float = 0.6
+    prior_run: float = 0.9
+    weight: float = 8.0
     _continue_at: int | None = None
-    _next: int | None = None
+    _counts: dict = field(default_factory=lambda: {"fresh": [0, 0], "run": [0, 0]})  # [accepted, rejections]
+    _last: str = "fresh"
 
-    def for_source(self, j: int) -> int:
-        return self._next if self._next is not None and j == self._continue_at else self.k
+    def acceptance(self, kind: str) -> float:
+        accepted, rejected = self._counts[kind]
+        prior = self.prior_run if kind == "run" else self.prior_fresh
+        return (accepted + self.weight * prior) / (accepted + rejected + self.weight)
+
+    def for_source(self, j: int, budget: int | None = None) -> int:
+        """Tokens to draft from occurrence ``j`` (``0``: do not draft); ``budget`` caps it."""
+        cap = self.max_k if budget is None else min(self.max_k, budget)
+        self._last = "run" if j == self._continue_at else "fresh"
+        if self.cost is None or cap < 1:
+            return max(cap, 0)
+        a = min(self.acceptance(self._last), 0.999)
+        best_k, best_gain, expected = 0, 1.0, 1.0
+        for k in range(1, cap + 1):
+            expected += a**k
+            gain = expected / self.cost(k + 1)
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        return best_k
 
     def update(self, source_start: int | None, drafted: int, accepted: int) -> None:
-        full = drafted > 0 and accepted >= drafted
-        self._continue_at = source_start + accepted if source_start is not None else None
-        self._next = min(self.max_k, max(self.k, 2 * drafted)) if full else None
+        """After verification: ``accepted`` of the ``drafted`` tokens copied from ``source_start`` were kept."""
+        if source_start is None or drafted == 0:
+            self._continue_at = None
+            return
+        counts = self._counts[self._last]
+        counts[0] += accepted
+        counts[1] += int(accepted < drafted)
+        self._continue_at = source_start + accepted if accepted >= drafted else None
 
 
 # ------------------------------------------------------------------------------- selected-head attention capture
@@ -269,12 +305,14 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
     Args:
         variant: ``"hidden"`` or ``"attention"``.
         num_draft_tokens: ``K``, the most tokens drafted per step.
+        cost: the measured verification cost curve; with it ``K`` adapts per step (:class:`DraftLength`), without
+            it every draft has ``K`` tokens.
+        priors: :class:`DraftLength`'s prior acceptance of a fresh occurrence and of a running copy.
         hidden_size / max_length: size the incremental hidden-state store (PLD+(h)).
         layer: hidden-state index ``l`` (PLD+(h)).
         heads: ``{layer: head indices}`` of the induction heads (PLD+(a)).
         heads_only: ``True`` when ``outputs.attentions`` holds only the selected layers/heads (wrapper), ``False``
             when it holds every layer and head (eager model).
-        max_draft_tokens: the most tokens a running copy's draft may grow to (:class:`DraftLength`; default ``K``).
         eos_token_id: drafts are cut after their first EOS (the loop would drop what follows anyway).
         min_score: skip the draft when the best occurrence scores below this (App. B.3's threshold; ``None``: off).
     """
@@ -292,7 +330,8 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         heads_only: bool = True,
         eos_token_id: torch.Tensor | None = None,
         min_score: float | None = None,
-        max_draft_tokens: int | None = None,
+        cost: CostCurve | None = None,
+        priors: tuple[float, float] = DEFAULT_PRIORS,
     ):
         if variant not in ("hidden", "attention"):
             raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {variant!r}")
@@ -300,12 +339,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             raise SpecDecError(f"pld_num_tokens must be a positive integer, got {num_draft_tokens!r}")
         self.variant = variant
         self.num_draft_tokens = num_draft_tokens
-        max_k = num_draft_tokens if max_draft_tokens is None else max_draft_tokens
-        if not isinstance(max_k, int) or max_k < num_draft_tokens:
-            raise SpecDecError(
-                f"pld_max_num_tokens must be an integer >= pld_num_tokens, got {max_draft_tokens!r}"
-            )
-        self.lengths = DraftLength(num_draft_tokens, max_k)
+        self.lengths = DraftLength(num_draft_tokens, cost, *priors)
         self.max_length = max_length
         self.layer = layer
         self.heads = heads or {}
@@ -391,7 +425,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         j, score = self._rank(ids)
         if j is None or (self.min_score is not None and score < self.min_score):
             return input_ids, None
-        k = min(self.lengths.for_source(j), budget)
+        k = self.lengths.for_source(j, budget)
+        if k < 1:
+            return input_ids, None
         draft = ids[j + 1 : min(j + 1 + k, n)]
         if self.eos_token_id is not None:
             eos = torch.isin(draft, self.eos_token_id.to(draft.device)).nonzero()
@@ -466,6 +502,8 @@ def pld_plus(
     pld_heads: str | Path | None = None,
     pld_top_heads: int | None = None,
     pld_min_score: float | None = None,
+    pld_cost: CostCurve | None = None,
+    pld_priors: tuple[float, float] | None = None,
     pld_return_attribution: bool = False,
     pld_streamer=None,
     **model_kwargs,
@@ -477,9 +515,13 @@ def pld_plus(
 
     Args:
         pld_variant: ``"hidden"`` (PLD+(h), default) or ``"attention"`` (PLD+(a)).
-        pld_num_tokens: ``K``, tokens drafted per step (default :data:`DEFAULT_NUM_TOKENS`).
-        pld_max_num_tokens: a copy that keeps being fully accepted drafts up to this many tokens
-            (:class:`DraftLength`; default ``DEFAULT_GROWTH * K``; ``= pld_num_tokens`` turns growth off).
+        pld_num_tokens: a fixed ``K``, tokens drafted per step (the paper's §4.3). Default: adaptive, each step
+            drafts the ``K`` with the best expected time gain on this machine (:class:`DraftLength`).
+        pld_max_num_tokens: adaptive mode's largest ``K`` (default :data:`DEFAULT_MAX_TOKENS`).
+        pld_cost: adaptive mode's verification cost curve (:class:`~hf_specdec.verify_cost.CostCurve`); default:
+            measured once on this machine (a dozen timed forwards on the first call, then cached on the model).
+        pld_priors: adaptive mode's prior acceptance of a fresh occurrence and of a running copy
+            (default :data:`DEFAULT_PRIORS`, from the summarize tuning).
         pld_layer: PLD+(h)'s hidden-state index ``l`` (default: :data:`DEFAULT_LAYER_FRACTION` of the depth).
         pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the default
             target.
@@ -499,15 +541,18 @@ def pld_plus(
     if pld_streamer is not None:
         pld_streamer.put(input_ids.cpu())  # what generate does with its own streamer before decoding
         streamer = pld_streamer
-    k = DEFAULT_NUM_TOKENS if pld_num_tokens is None else pld_num_tokens
-    if pld_max_num_tokens is None:
-        pld_max_num_tokens = DEFAULT_GROWTH * k if isinstance(k, int) else k
+    if pld_num_tokens is not None:
+        k, cost = pld_num_tokens, None
+    else:
+        k = DEFAULT_MAX_TOKENS if pld_max_num_tokens is None else pld_max_num_tokens
+        cost = pld_cost if pld_cost is not None else measured_cost(model, input_ids[0])
     common = dict(
         num_draft_tokens=k,
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
         min_score=DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score),
-        max_draft_tokens=pld_max_num_tokens,
+        cost=cost,
+        priors=DEFAULT_PRIORS if pld_priors is None else tuple(pld_priors),
     )
     if variant == "hidden":
         generator = PLDPlusCandidateGenerator(
@@ -519,7 +564,7 @@ def pld_plus(
         capture = contextlib.nullcontext(True)
     else:
         heads = _heads_for(model, pld_heads, pld_top_heads)
-        capture = capture_selected_attention(model, heads, last_rows=pld_max_num_tokens + 1)
+        capture = capture_selected_attention(model, heads, last_rows=k + 1)
         generator = None
     with capture as heads_only:
         if generator is None:

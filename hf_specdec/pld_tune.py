@@ -13,7 +13,6 @@ The paper tunes on summarization only; so does the default ``--task summarize``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ import torch
 
 from .errors import SpecDecError
 from .pld_plus_generation import DraftLength, occurrences, rank_by_attention, rank_by_hidden
+from .verify_cost import CostCurve, forward_times, interpolate
 
 Ranker = Callable[[torch.Tensor], "int | None"]
 
@@ -37,18 +37,27 @@ class Replay:
 
 
 def replay(
-    seq: torch.Tensor, start: int, rank: Ranker, k: int, eos: set[int], max_len: int, max_k: int | None = None
+    seq: torch.Tensor,
+    start: int,
+    rank: Ranker,
+    k: int,
+    eos: set[int],
+    max_len: int,
+    cost: CostCurve | None = None,
+    priors: tuple[float, float] = (0.6, 0.9),
 ) -> Replay:
     """Replay one greedy PLD-style generation of ``seq[start:]``; ``rank(ids)`` returns the draft's source ``j``
-    (the draft is ``ids[j+1 : j+1+K]``, ``K`` from :class:`DraftLength`) or ``None``."""
+    (the draft is ``ids[j+1 : j+1+K]``, ``K`` from :class:`DraftLength`: fixed ``k``, or adaptive up to ``k``
+    with ``cost``) or ``None``."""
     n, total = start + 1, seq.shape[0]  # the prefill produced token `start`
     sizes = [start]
-    lengths = DraftLength(k, max_k or k)
+    lengths = DraftLength(k, cost, *priors)
     while n < total:
         ids = seq[:n]
         budget = max_len - n - 1
         j = rank(ids) if budget > 0 else None
-        draft = [] if j is None else seq[j + 1 : min(j + 1 + min(lengths.for_source(j), budget), n)].tolist()
+        size = 0 if j is None else lengths.for_source(j, budget)
+        draft = seq[j + 1 : min(j + 1 + size, n)].tolist() if size else []
         for i, tok in enumerate(draft):
             if tok in eos:
                 draft = draft[: i + 1]
@@ -99,37 +108,6 @@ def attention_rank(rows: torch.Tensor, row_offset: int, min_score: float | None 
     return rank
 
 
-@torch.no_grad()
-def forward_times(model, context: torch.Tensor, sizes: list[int], repeats: int = 3) -> dict[int, float]:
-    """Median seconds of a cached target forward of ``q`` tokens after ``context``."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    model(context[None], past_key_values=cache, logits_to_keep=1)
-    times = {}
-    for q in sizes:
-        samples = []
-        for _ in range(repeats):
-            x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
-            t0 = time.perf_counter()
-            model(x, past_key_values=cache, logits_to_keep=q)
-            samples.append(time.perf_counter() - t0)
-            cache.crop(-q)
-        times[q] = sorted(samples)[len(samples) // 2]
-    return times
-
-
-def interpolate(times: dict[int, float], q: int) -> float:
-    keys = sorted(times)
-    if q <= keys[0]:
-        return times[keys[0]]
-    for a, b in zip(keys, keys[1:]):
-        if q <= b:
-            return times[a] + (times[b] - times[a]) * (q - a) / (b - a)
-    a, b = keys[-2], keys[-1]
-    return times[b] + (times[b] - times[a]) * (q - b) / (b - a)
-
-
 def _parse_floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -155,9 +133,9 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", default="all", help="hidden-state indices to sweep, or 'all' (default)")
     p.add_argument("--sweep-k", type=int, default=10, help="K while sweeping layers / heads (paper: 10)")
     p.add_argument("--ks", default="5,8,10,12,16,20,30", help="K values tried at the chosen layer / heads")
-    p.add_argument(
-        "--max-ks", default="16,20,32,40", help="growth caps (pld_max_num_tokens) tried at the best K"
-    )
+    p.add_argument("--max-k", type=int, default=64, help="adaptive K's cap (pld_max_num_tokens)")
+    p.add_argument("--fresh-priors", default="0.3,0.45,0.6,0.75", help="adaptive K: fresh-occurrence priors")
+    p.add_argument("--run-priors", default="0.8,0.9,0.95", help="adaptive K: running-copy priors")
     p.add_argument("--top-heads", default="1,3,5,10,20,50", help="numbers of heads swept for PLD+(a)")
     p.add_argument("--heads", default=None, help="heads file for PLD+(a) (default: the shipped one)")
     p.add_argument(
@@ -181,7 +159,8 @@ def run(args) -> int:
     eos = {int(eos_ids)} if isinstance(eos_ids, int) else {int(e) for e in eos_ids or []}
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers + 1)) if args.layers == "all" else _parse_ints(args.layers)
-    ks, tops, max_ks = _parse_ints(args.ks), _parse_ints(args.top_heads), _parse_ints(args.max_ks)
+    ks, tops = _parse_ints(args.ks), _parse_ints(args.top_heads)
+    fresh_priors, run_priors = _parse_floats(args.fresh_priors), _parse_floats(args.run_priors)
     h_thresholds, a_thresholds = _parse_floats(args.h_thresholds), _parse_floats(args.a_thresholds)
     ranked = read_heads_file(args.heads or default_heads_file(model), model=model, top=max(tops))
     capture = {}
@@ -221,26 +200,52 @@ def run(args) -> int:
     times = forward_times(model, samples[0][0][: samples[0][1]], [1, 2, 4, 8, 16, 32, 64])
     print("target forward times (ms): " + ", ".join(f"q={q}: {t * 1000:.1f}" for q, t in times.items()))
 
-    def evaluate(make_rank: Callable, k: int, max_k: int | None = None) -> tuple[float, float]:
+    cost = CostCurve(times)
+
+    def evaluate(make_rank: Callable, k: int, adaptive: tuple[float, float] | None) -> tuple[float, float]:
         new = fwd = 0
-        cost = base = 0.0
+        spent = base = 0.0
         for seq, start, unit, att in samples:
+            extra = {} if adaptive is None else {"cost": cost, "priors": adaptive}
             r = replay(
-                seq, start, make_rank(unit, att, start - 1), k, eos, start + args.max_new_tokens, max_k
+                seq, start, make_rank(unit, att, start - 1), k, eos, start + args.max_new_tokens, **extra
             )
             new += r.new_tokens
             fwd += r.forwards
-            cost += sum(interpolate(times, q) for q in r.verify_sizes[1:])
+            spent += sum(interpolate(times, q) for q in r.verify_sizes[1:])
             base += (r.new_tokens - 1) * times[1]
-        return new / fwd, base / cost
+        return new / fwd, base / spent
 
     lines = ["| setting | K | tau | est. speedup vs ar |", "|---|---:|---:|---:|"]
 
-    def row(name: str, k: int, make_rank: Callable, max_k: int | None = None) -> tuple[float, float]:
-        tau, speed = evaluate(make_rank, k, max_k)
-        ks_text = f"{k}" if not max_k or max_k == k else f"{k} (grows to {max_k})"
-        lines.append(f"| {name} | {ks_text} | {tau:.2f} | {speed:.2f}x |")
+    def row(name: str, k: int, make_rank: Callable, adaptive=None) -> tuple[float, float]:
+        tau, speed = evaluate(make_rank, k, adaptive)
+        k_text = f"{k}" if adaptive is None else f"adaptive <= {k}, priors {adaptive[0]}/{adaptive[1]}"
+        lines.append(f"| {name} | {k_text} | {tau:.2f} | {speed:.2f}x |")
         return tau, speed
+
+    def tune(name: str, make_rank: Callable, thresholds: list[float]) -> tuple[float, int, tuple]:
+        """Fixed K x threshold (the paper's grid), then adaptive K's priors at the best threshold."""
+        fixed = {
+            (theta, k): row(
+                f"{name}, min_score={theta}", k, lambda u, a, o, th=theta: make_rank(u, a, o, th)
+            )[1]
+            for theta in thresholds
+            for k in ks
+        }
+        theta, k = max(fixed, key=fixed.get)
+        adaptive = {
+            (pf, pr): row(
+                f"{name}, min_score={theta}",
+                args.max_k,
+                lambda u, a, o: make_rank(u, a, o, theta),
+                (pf, pr),
+            )[1]
+            for pf in fresh_priors
+            for pr in run_priors
+        }
+        priors = max(adaptive, key=adaptive.get)
+        return theta, k, priors
 
     row("hf-pld (2-gram, first match)", 10, lambda u, a, o: hf_pld_rank(2))
     taus = {
@@ -248,53 +253,21 @@ def run(args) -> int:
         for layer in layers
     }
     layer = max(taus, key=taus.get)
-    best = {}
-    for theta in h_thresholds:
-        for k in ks:
-            best[(theta, k)] = row(
-                f"PLD+(h) l={layer}, min_score={theta}",
-                k,
-                lambda u, a, o, th=theta: hidden_rank(u[layer], th),
-            )[1]
-    theta_h, k_h = max(best, key=best.get)
-    growth = {k_h: best[(theta_h, k_h)]}
-    for max_k in max_ks:
-        if max_k > k_h:
-            growth[max_k] = row(
-                f"PLD+(h) l={layer}, min_score={theta_h}",
-                k_h,
-                lambda u, a, o: hidden_rank(u[layer], theta_h),
-                max_k,
-            )[1]
-    max_k_h = max(growth, key=growth.get)
+    theta_h, k_h, priors_h = tune(
+        f"PLD+(h) l={layer}", lambda u, a, o, th: hidden_rank(u[layer], th), h_thresholds
+    )
     taus = {
         top: row(f"PLD+(a) top {top} heads", args.sweep_k, lambda u, a, o, t=top: attention_rank(a[:t], o))[0]
         for top in tops
     }
     top = max(taus, key=taus.get)
-    best = {}
-    for theta in a_thresholds:
-        for k in ks:
-            best[(theta, k)] = row(
-                f"PLD+(a) top {top} heads, min_score={theta}",
-                k,
-                lambda u, a, o, th=theta: attention_rank(a[:top], o, th),
-            )[1]
-    theta_a, k_a = max(best, key=best.get)
-    growth = {k_a: best[(theta_a, k_a)]}
-    for max_k in max_ks:
-        if max_k > k_a:
-            growth[max_k] = row(
-                f"PLD+(a) top {top} heads, min_score={theta_a}",
-                k_a,
-                lambda u, a, o: attention_rank(a[:top], o, theta_a),
-                max_k,
-            )[1]
-    max_k_a = max(growth, key=growth.get)
+    theta_a, k_a, priors_a = tune(
+        f"PLD+(a) top {top} heads", lambda u, a, o, th: attention_rank(a[:top], o, th), a_thresholds
+    )
     print("\n".join(lines))
     print(
         f"best by tau (K={args.sweep_k}): layer {layer}, top {top} heads; best by est. speedup: "
-        f"PLD+(h) min_score={theta_h} K={k_h} growing to {max_k_h}; "
-        f"PLD+(a) min_score={theta_a} K={k_a} growing to {max_k_a}"
+        f"PLD+(h) min_score={theta_h}, fixed K={k_h}, adaptive priors {priors_h}; "
+        f"PLD+(a) min_score={theta_a}, fixed K={k_a}, adaptive priors {priors_a}"
     )
     return 0

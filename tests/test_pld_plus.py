@@ -150,17 +150,37 @@ def test_eos_inside_a_draft_ends_it():
     assert _fake_step(_hidden_gen(eos=None), ids) == [4, 2, 6, 8, 9]
 
 
-def test_draft_length_grows_only_while_a_copy_runs():
-    lengths = pld_module.DraftLength(3, 8)
-    assert lengths.for_source(5) == 3
-    lengths.update(10, drafted=3, accepted=3)  # fully accepted: the copy continues at source position 13
-    assert lengths.for_source(13) == 6 and lengths.for_source(12) == 3
-    lengths.update(13, drafted=6, accepted=6)
-    assert lengths.for_source(19) == 8  # capped
-    lengths.update(19, drafted=8, accepted=2)  # partly rejected: back to K
-    assert lengths.for_source(21) == 3
+def test_fixed_draft_length_is_k_within_budget():
+    lengths = pld_module.DraftLength(5)
+    assert lengths.for_source(3) == 5 and lengths.for_source(3, budget=2) == 2
+
+
+def test_adaptive_draft_length_follows_cost_and_acceptance():
+    from hf_specdec.verify_cost import CostCurve
+
+    def best_k(a: float, slope: float, cap: int = 64) -> int:  # brute force of argmax E(K) / c(K + 1)
+        gains = {k: sum(a**i for i in range(k + 1)) / (1 + slope * k) for k in range(cap + 1)}
+        return max(gains, key=gains.get)
+
+    cheap, dear = CostCurve.linear(0.02), CostCurve.linear(0.15)
+    for cost, slope in ((cheap, 0.02), (dear, 0.15)):
+        lengths = pld_module.DraftLength(64, cost, 0.6, 0.9, weight=1e9)  # priors frozen
+        assert lengths.for_source(7) == best_k(0.6, slope)
+    assert pld_module.DraftLength(64, cheap, 0.6, 0.9).for_source(7) > pld_module.DraftLength(
+        64, dear, 0.6, 0.9
+    ).for_source(7)  # a cheaper verification drafts more
+    assert pld_module.DraftLength(64, dear, 0.05, 0.9).for_source(7) == 0  # not worth a draft: plain step
+
+    lengths = pld_module.DraftLength(64, dear, 0.6, 0.9, weight=4)
+    fresh = lengths.for_source(10)
+    lengths.update(11, drafted=fresh, accepted=fresh)  # fully accepted: the copy continues at 11 + fresh
+    running = lengths.for_source(11 + fresh)
+    assert running > lengths.for_source(12) >= fresh  # only the continuing occurrence counts as a run
+    for _ in range(40):  # fresh drafts keep being rejected at once: their estimate sinks, drafts shrink to none
+        k = lengths.for_source(3)
+        lengths.update(4, drafted=k, accepted=0)
+    assert lengths.acceptance("fresh") < 0.15 and lengths.for_source(3) == 0
     lengths.update(None, drafted=0, accepted=0)
-    assert lengths.for_source(21) == 3
 
 
 def test_draft_and_bonus_token_fit_max_length():
@@ -246,7 +266,9 @@ def test_eos_inside_an_accepted_draft_stops_like_greedy(generators):
     )
     kwargs = dict(max_new_tokens=12, do_sample=False, logits_processor=script)
     ref = model.generate(SCRIPT_PROMPT, **kwargs)
-    out = model.generate(SCRIPT_PROMPT, **kwargs, custom_generate=hf_specdec.pld_plus, pld_min_score=-1)
+    out = model.generate(
+        SCRIPT_PROMPT, **kwargs, custom_generate=hf_specdec.pld_plus, pld_min_score=-1, pld_num_tokens=10
+    )
     assert torch.equal(out, ref) and out[0, SCRIPT_PROMPT.shape[1] :].tolist() == [
         6,
         7,

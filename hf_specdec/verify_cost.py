@@ -1,0 +1,86 @@
+"""What a verification forward costs on the running machine, by the number of query tokens it verifies.
+
+Speculative decoding pays off when a forward over ``q`` tokens (the last token plus ``q - 1`` drafted ones)
+yields more tokens than it costs, in units of a plain one-token forward. That cost curve ``c(q) = t(q) / t(1)``
+depends on the model, its dtype, the hardware and the thread count: on this project's 2-core CPU a 11-token
+forward costs about 2.3 one-token forwards in fp32 but about 1.25 in bf16, so the best draft length differs by
+dtype. The curve is measured once per (model, dtype, device, threads) with a few timed forwards and kept on the
+model object, so later ``generate`` calls reuse it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+SIZES = (
+    1,
+    4,
+    16,
+    64,
+)  # query lengths timed; c(q) in between is linear interpolation, beyond is extrapolation
+_ATTR = "_hf_specdec_verify_cost"
+
+
+@torch.no_grad()
+def forward_times(model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 3) -> dict:
+    """Median seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    device = next(model.parameters()).device
+    context = context.to(device)
+    model(context[None], past_key_values=cache, logits_to_keep=1)
+    times = {}
+    for q in sizes:
+        samples = []
+        for _ in range(repeats):
+            x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
+            t0 = time.perf_counter()
+            model(x, past_key_values=cache, logits_to_keep=q)
+            samples.append(time.perf_counter() - t0)
+            cache.crop(-q)
+        times[q] = sorted(samples)[len(samples) // 2]
+    return times
+
+
+def interpolate(times: dict[int, float], q: int) -> float:
+    """``times`` at ``q``: piecewise linear between the measured sizes, linear extrapolation beyond them."""
+    keys = sorted(times)
+    if q <= keys[0]:
+        return times[keys[0]]
+    for a, b in zip(keys, keys[1:]):
+        if q <= b:
+            return times[a] + (times[b] - times[a]) * (q - a) / (b - a)
+    a, b = keys[-2], keys[-1]
+    return times[b] + (times[b] - times[a]) * (q - b) / (b - a)
+
+
+class CostCurve:
+    """``c(q)``: the time of a ``q``-token verification forward in one-token forwards (``c(1) = 1``)."""
+
+    def __init__(self, times: dict[int, float]):
+        base = times[min(times)]
+        self.relative = {q: max(t / base, 1.0) for q, t in times.items()}
+
+    def __call__(self, q: int) -> float:
+        return max(interpolate(self.relative, q), 1.0)
+
+    @classmethod
+    def linear(cls, slope: float) -> CostCurve:
+        """``c(q) = 1 + slope * (q - 1)`` (tests, or a user who measured their own)."""
+        return cls({1: 1.0, 2: 1.0 + slope})
+
+    def __repr__(self) -> str:
+        return "CostCurve(" + ", ".join(f"c({q})={c:.2f}" for q, c in sorted(self.relative.items())) + ")"
+
+
+def measured_cost(model, context: torch.Tensor, repeats: int = 3) -> CostCurve:
+    """The model's :class:`CostCurve` on this machine (timed once per dtype/device/threads, then cached)."""
+    device = next(model.parameters()).device
+    key = (str(model.dtype), str(device), torch.get_num_threads())
+    cache = model.__dict__.setdefault(_ATTR, {})
+    if key not in cache:
+        cache[key] = CostCurve(forward_times(model, context[-64:], SIZES, repeats))
+    return cache[key]
