@@ -176,7 +176,8 @@ def test_adaptive_draft_length_follows_cost_and_acceptance():
     lengths.update(11, drafted=fresh, accepted=fresh)  # fully accepted: the copy continues at 11 + fresh
     running = lengths.for_source(11 + fresh)
     assert running > lengths.for_source(12) >= fresh  # only the continuing occurrence counts as a run
-    for _ in range(40):  # fresh drafts keep being rejected at once: their estimate sinks, drafts shrink to none
+    # fresh drafts keep being rejected at once: their estimate sinks, drafts shrink to none
+    for _ in range(40):
         k = lengths.for_source(3)
         lengths.update(4, drafted=k, accepted=0)
     assert lengths.acceptance("fresh") < 0.15 and lengths.for_source(3) == 0
