@@ -30,6 +30,15 @@ tree's nodes are in the paper's linearized order (proposal first, then the expan
 keeps the longest accepted path. All drafts are deterministic (``draft_probs=None``, i.e. one-hot q), for which
 tree speculative sampling is lossless; greedy is token-identical to plain greedy decoding.
 
+**Verification cost (an extension for hardware where verifying more tokens is not free).** S(p) sizes the sets
+for a GPU, where a forward over 40 tokens costs about what one over 6 costs. On a CPU each extra node costs time,
+so with ``cape_cost`` (on by default: the cost curve ``c(q)`` measured on this machine,
+``verify_cost.measured_cost``) an expansion token is kept only if it pays for itself: its expected gain,
+``P(reach position i) * p_D(token)`` with ``P(reach i) = p_1 * ... * p_{i-1}`` (the proposal's confidences
+before it), must be at least the marginal cost ``c(n + 1) - c(n)`` of one more verified token (in one-token
+forwards, as PCT's ``p >= s_d/s_t``). Tokens are taken best gain first. Where ``c`` is flat (a GPU) this keeps
+the whole of S(p); ``cape_cost=False`` always does.
+
 The drafter keeps its own self-attention cache across steps (``glide_generation.GlideDraftCache``, shared with the
 chain generator): it is cropped to the committed tokens it already holds, so only the tokens after it (the
 accepted expansion token or bonus token, and the root) are fed on the next step.
@@ -47,6 +56,7 @@ from .glide_generation import GlideDraftCache
 from .stats import DecodeStats
 from .tree import ROOT, TokenTree
 from .tree_decoding import StepFeedback, TreeProposer, tree_generate
+from .verify_cost import CostCurve, measured_cost
 
 DEFAULT_GAMMA = 5  # gamma, proposal length (§5.1)
 
@@ -77,17 +87,40 @@ def expansion_size(p: float, expansion: Sequence[tuple[float, int]] = DEFAULT_EX
 
 
 def expand(
-    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION
-) -> tuple[int, float, list[int]]:
+    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION, with_probs: bool = False
+):
     """One draft position from one distribution ``probs`` (``(vocab,)``): the proposal token (argmax), its
     confidence ``p = max probs`` and the expansion set, the ``S(p)`` next-best tokens in decreasing probability
-    (tokens of probability 0 are left out)."""
+    (tokens of probability 0 are left out); with ``with_probs`` also their probabilities."""
     k_max = max(k for _, k in expansion)
     top = probs.topk(min(k_max + 1, probs.numel()))
     p = float(top.values[0])
     k = expansion_size(p, expansion)
     values, indices = top.values[1 : 1 + k], top.indices[1 : 1 + k]
-    return int(top.indices[0]), p, indices[values > 0].tolist()
+    keep = values > 0
+    if with_probs:
+        return int(top.indices[0]), p, indices[keep].tolist(), values[keep].tolist()
+    return int(top.indices[0]), p, indices[keep].tolist()
+
+
+def trim_by_cost(
+    confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]], cost: CostCurve
+) -> list[int]:
+    """How many tokens of each expansion set to keep: best expected gain ``P(reach i) * q`` first, while it is at
+    least the marginal verification cost ``c(n + 1) - c(n)`` (``n`` = tokens verified so far: root + proposal +
+    kept expansion tokens). Sets are sorted by probability, so each keeps a prefix."""
+    reach, gains = 1.0, []
+    for i, (p, probs) in enumerate(zip(confidences, sibling_probs)):
+        gains += [(reach * q, i) for q in probs]
+        reach *= p
+    keep = [0] * len(confidences)
+    n = 1 + len(confidences)
+    for gain, i in sorted(gains, reverse=True):
+        if gain < cost(n + 1) - cost(n):
+            break
+        keep[i] += 1
+        n += 1
+    return keep
 
 
 def cape_tree(
@@ -121,6 +154,7 @@ class CapeProposer(TreeProposer):
         gamma: int | None = None,
         expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION,
         logits_processor: LogitsProcessorList | None = None,
+        cost: CostCurve | None = None,
     ):
         if not (hasattr(drafter, "hidden_states") and hasattr(drafter, "draft_logits")):
             raise SpecDecError(
@@ -133,6 +167,7 @@ class CapeProposer(TreeProposer):
         self.gamma = int(gamma)
         self.expansion = check_expansion(expansion)
         self.logits_processor = logits_processor
+        self.cost = cost
         self.state: GlideDraftCache | None = None
         self.target_cache = None
         self.eos: set[int] = set()
@@ -152,17 +187,20 @@ class CapeProposer(TreeProposer):
     def observe(self, feedback: StepFeedback) -> None:
         self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
 
-    def _rank(self, sequence: torch.Tensor, logits: torch.Tensor) -> tuple[int, float, list[int]]:
-        """Proposal token, confidence and expansion set (full-vocabulary ids) from one draft-vocab logits row."""
+    def _rank(
+        self, sequence: torch.Tensor, logits: torch.Tensor
+    ) -> tuple[int, float, list[int], list[float]]:
+        """Proposal token, confidence, expansion set (full-vocabulary ids) and the set's draft probabilities,
+        from one draft-vocab logits row."""
         if self.logits_processor:
             full = self.drafter.to_full_vocab(logits[None])
             full = self.logits_processor(sequence, full.to(sequence.device))[0]
-            return expand(full.softmax(-1), self.expansion)
-        token, p, siblings = expand(logits.softmax(-1), self.expansion)
+            return expand(full.softmax(-1), self.expansion, with_probs=True)
+        token, p, siblings, probs = expand(logits.softmax(-1), self.expansion, with_probs=True)
         ids = self.drafter.draft_vocab_ids
         if ids is None:
-            return token, p, siblings
-        return int(ids[token]), p, ids[siblings].tolist() if siblings else []
+            return token, p, siblings, probs
+        return int(ids[token]), p, ids[siblings].tolist() if siblings else [], probs
 
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
@@ -174,17 +212,22 @@ class CapeProposer(TreeProposer):
         step_ids, sequence = input_ids[:, keep:], input_ids
         proposal: list[int] = []
         expansions: list[list[int]] = []
+        sibling_probs: list[list[float]] = []
         for i in range(gamma):
             logits = self.state.step(step_ids, self.target_cache)[0]
-            token, p, siblings = self._rank(sequence, logits)
+            token, p, siblings, probs = self._rank(sequence, logits)
             proposal.append(token)
             expansions.append(siblings)
+            sibling_probs.append(probs)
             self.last_confidences.append(p)
-            self.last_sizes.append(len(siblings))
             if token in self.eos or i == gamma - 1:
                 break
             step_ids = input_ids.new_tensor([[token]])
             sequence = torch.cat([sequence, step_ids], dim=1)
+        if self.cost is not None:
+            keep = trim_by_cost(self.last_confidences, sibling_probs, self.cost)
+            expansions = [siblings[:k] for siblings, k in zip(expansions, keep)]
+        self.last_sizes = [len(siblings) for siblings in expansions]
         return cape_tree(proposal, expansions, input_ids.device)
 
 
@@ -199,6 +242,7 @@ def glide_cape(
     drafter=None,
     cape_gamma: int | None = None,
     cape_expansion: Sequence[tuple[float, int]] | None = None,
+    cape_cost: bool | CostCurve = True,
     stats: DecodeStats | None = None,
     tree_streamer=None,
     **model_kwargs,
@@ -211,6 +255,9 @@ def glide_cape(
         drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed).
         cape_gamma: gamma, proposal length (default: the drafter's ``num_assistant_tokens``, else 5).
         cape_expansion: S(p) as ``[(upper, K), ...]`` (default :data:`DEFAULT_EXPANSION`).
+        cape_cost: keep only expansion tokens that pay their verification cost (module docstring): ``True``
+            measures the cost curve on this machine (once, cached on the model), a ``CostCurve`` is used as given,
+            ``False`` keeps every token of S(p) as in the paper.
         stats: a ``DecodeStats`` to fill (tau = new tokens per target forward; ``steps[i]["nodes"]``).
     """
     if drafter is None:
@@ -223,6 +270,7 @@ def glide_cape(
         gamma=cape_gamma,
         expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
         logits_processor=logits_processor,
+        cost=(measured_cost(model, input_ids[0]) if cape_cost is True else (cape_cost or None)),
     )
     return tree_generate(
         model,

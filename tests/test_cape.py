@@ -350,3 +350,17 @@ def test_real_target_trained_glide_cape_is_identical(real_target):
         assert torch.equal(out, ref), text
         accepted += stats.accepted
     assert accepted > 0
+
+
+def test_trim_by_cost_keeps_tokens_that_pay_for_their_verification():
+    from hf_specdec.cape import trim_by_cost
+    from hf_specdec.verify_cost import CostCurve
+
+    confidences = [0.5, 0.9, 0.2]
+    sibling_probs = [[0.3, 0.1], [0.05], [0.4, 0.3, 0.01]]  # gains: 0.3, 0.1 | 0.025 | 0.18, 0.135, 0.0045
+    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.0)) == [2, 1, 3]  # free: keep S(p)
+    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.12)) == [1, 0, 2]
+    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.5)) == [0, 0, 0]
+    # a curve that gets steeper: the 4th expansion token costs more than the 1st
+    steep = CostCurve({1: 1.0, 5: 1.0, 6: 1.05, 7: 1.2, 8: 1.5})
+    assert trim_by_cost(confidences, sibling_probs, steep) == [1, 0, 1]

@@ -10,7 +10,8 @@ tokens per round (default 5). Stats are inferred from the target's forwards (``s
 confidence-sized expansion sets, verified as one token tree per target forward through ``custom_generate=
 hf_specdec.glide_cape``. It returns its own ``DecodeStats`` (tau = new tokens per target forward; drafted = all
 tree nodes, so alpha is per node; nodes per step in ``DecodeStats.steps``). Options: ``gamma``, and
-``cape_bins=0.3:7,0.6:5,0.8:3,1:1`` (S(p) as upper:K pairs).
+``cape_bins=0.3:7,0.6:5,0.8:3,1:1`` (S(p) as upper:K pairs), ``cape_cost=0`` (keep all of S(p); default 1: drop
+expansion tokens that do not pay their measured verification cost, see ``hf_specdec/cape.py``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class GlideCape(_DrafterMethod):
 
         bins = ctx.options.get("cape_bins")
         self.expansion = check_expansion(parse_bins(bins) if bins else DEFAULT_EXPANSION)
+        self.cost = ctx.options.get("cape_cost", "1") not in ("0", "false", "False", "no")
 
     def generate(self, input_ids, max_new_tokens):
         from hf_specdec.cape import glide_cape
@@ -105,6 +107,7 @@ class GlideCape(_DrafterMethod):
             custom_generate=glide_cape,
             drafter=self.drafter,
             cape_expansion=self.expansion,
+            cape_cost=self.cost,
             stats=stats,
         )
         return tokens, stats
