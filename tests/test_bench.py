@@ -150,3 +150,15 @@ def test_help_lists_commands(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "bench" in out and "demo" in out and "train" in out
+
+
+def test_a_broken_plugin_module_is_an_error_not_a_silent_skip(monkeypatch):
+    from hf_specdec.bench import methods
+
+    monkeypatch.setattr(
+        methods, "PLUGIN_MODULES", [*methods.PLUGIN_MODULES, "hf_specdec.bench.no_such_module"]
+    )
+    with pytest.raises(ImportError):
+        methods.available_methods()
+    monkeypatch.setattr(methods, "PLUGIN_MODULES", ["some_optional_package_not_installed"])
+    assert methods.available_methods() is methods.METHODS  # a missing optional dependency is skipped

@@ -88,11 +88,15 @@ class HFPromptLookup(Method):
 
 
 def available_methods() -> dict[str, type[Method]]:
+    """Every registered method. A plugin module whose optional third-party dependency is missing is skipped; an
+    import error inside this package (a bug) is raised, so a broken module never silently drops its methods."""
     for module in PLUGIN_MODULES:
         try:
             importlib.import_module(module)
-        except ImportError:
-            pass
+        except ImportError as err:
+            missing = (err.name or "").split(".")[0]
+            if not missing or missing in ("hf_specdec", "modeling", "trainers"):
+                raise
     return METHODS
 
 
