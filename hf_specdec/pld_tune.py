@@ -89,6 +89,26 @@ def hf_pld_rank(ngram: int = 2) -> Ranker:
     return rank
 
 
+def oracle_rank(seq: torch.Tensor, k: int) -> Ranker:
+    """The bound of every ranking: the occurrence whose next ``k`` tokens the target would accept the most of
+    (it reads the greedy output, so only a replay can use it)."""
+
+    def rank(ids: torch.Tensor) -> int | None:
+        n = ids.shape[0]
+        best, best_len = None, -1
+        for j in occurrences(ids).tolist():
+            length = 0
+            while length < k and j + 1 + length < n and n + length < seq.shape[0]:
+                if int(seq[j + 1 + length]) != int(seq[n + length]):
+                    break
+                length += 1
+            if length > best_len:
+                best, best_len = j, length
+        return best
+
+    return rank
+
+
 def hidden_rank(unit: torch.Tensor, min_score: float | None = None) -> Ranker:
     def rank(ids: torch.Tensor) -> int | None:
         j, score = rank_by_hidden(unit[: ids.shape[0] - 1], occurrences(ids))
@@ -207,9 +227,8 @@ def run(args) -> int:
         spent = base = 0.0
         for seq, start, unit, att in samples:
             extra = {} if adaptive is None else {"cost": cost, "priors": adaptive}
-            r = replay(
-                seq, start, make_rank(unit, att, start - 1), k, eos, start + args.max_new_tokens, **extra
-            )
+            rank = oracle_rank(seq, k) if make_rank is oracle_rank else make_rank(unit, att, start - 1)
+            r = replay(seq, start, rank, k, eos, start + args.max_new_tokens, **extra)
             new += r.new_tokens
             fwd += r.forwards
             spent += sum(interpolate(times, q) for q in r.verify_sizes[1:])
@@ -248,6 +267,8 @@ def run(args) -> int:
         return theta, k, priors
 
     row("hf-pld (2-gram, first match)", 10, lambda u, a, o: hf_pld_rank(2))
+    for k in ks:
+        row("oracle occurrence (bound of any ranking)", k, oracle_rank)
     taus = {
         layer: row(f"PLD+(h) l={layer}", args.sweep_k, lambda u, a, o, la=layer: hidden_rank(u[la]))[0]
         for layer in layers

@@ -479,3 +479,14 @@ def test_real_target_is_lossless_and_faster_per_forward(real_target, generators)
         assert torch.equal(out, ref), variant
         gen = generators[-1]
         assert gen.steps + 1 < 40  # fewer target forwards than tokens: drafts were accepted
+
+
+def test_oracle_rank_picks_the_occurrence_the_target_accepts_most_of():
+    from hf_specdec.pld_tune import oracle_rank, replay
+
+    # context: "7 4 5 | 7 4 9 | 7" ; the greedy output goes on "4 9 1": the occurrence at 3 is the right one
+    seq = torch.tensor([7, 4, 5, 7, 4, 9, 7, 4, 9, 1])
+    rank = oracle_rank(seq, k=3)
+    assert rank(seq[:7]) == 3 and hf_pld_rank(2)(seq[:7]) == 0  # n-gram matching takes the first (wrong) one
+    run = replay(seq, start=6, rank=rank, k=3, eos=set(), max_len=10)
+    assert run.forwards == 2 and run.new_tokens == 4  # prefill -> 7; then one step accepts "4 9" + bonus "1"
