@@ -25,8 +25,8 @@ import time
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
 
+from .chain_drafting import init_chain_drafting
 from .errors import SpecDecError
 from .pct import (
     DEFAULT_PCT_MAX_DEPTH,
@@ -142,16 +142,7 @@ class EddCandidateGenerator(CandidateGenerator):
         self.edd = edd
         self.target = target
         self.state = EddDraftState(edd)
-        self.num_draft_tokens = int(
-            getattr(edd.generation_config, "num_assistant_tokens", None) or 5
-        )  # gamma
-        self.do_sample = bool(generation_config.do_sample)
-        self.max_length = generation_config.max_length
-        eos = getattr(generation_config, "_eos_token_tensor", None)
-        self.eos = None if eos is None else eos.flatten().tolist()
-        self.logits_processor = LogitsProcessorList(
-            p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
-        )
+        init_chain_drafting(self, edd, generation_config, logits_processor)  # gamma, eos, ...
         self.prev_total: int | None = None  # length of the last candidate sequence we returned
         self.draft_time = 0.0
 

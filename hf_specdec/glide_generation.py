@@ -24,7 +24,8 @@ import time
 import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
+
+from .chain_drafting import init_chain_drafting
 
 
 class GlideDraftCache:
@@ -76,16 +77,7 @@ class GlideCandidateGenerator(CandidateGenerator):
     def __init__(self, drafter, target, generation_config, logits_processor=None):
         self.drafter = drafter
         self.target = target
-        self.num_draft_tokens = int(
-            getattr(drafter.generation_config, "num_assistant_tokens", None) or 5
-        )  # gamma
-        self.do_sample = bool(generation_config.do_sample)
-        self.max_length = generation_config.max_length
-        eos = getattr(generation_config, "_eos_token_tensor", None)
-        self.eos = None if eos is None else eos.flatten().tolist()
-        self.logits_processor = LogitsProcessorList(
-            p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
-        )
+        init_chain_drafting(self, drafter, generation_config, logits_processor)  # gamma, eos, ...
         self.state = GlideDraftCache(drafter)
         self.draft_time = 0.0
 

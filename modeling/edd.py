@@ -39,7 +39,9 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.errors import SpecDecError
-from hf_specdec.target import check_fingerprint, target_fingerprint
+from hf_specdec.target import target_fingerprint
+
+from .attached import TargetAttachedMixin
 
 DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma of the chain drafts (Table 1: "a draft sequence of length 5")
 
@@ -141,9 +143,12 @@ class EddPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
 
 
-class EddForCausalLM(EddPreTrainedModel, GenerationMixin):
+class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
     """The EDD drafter: ``decoder`` is a one-layer base model of the target's architecture (its own token
     embedding removed: tokens are embedded with the target's). See the module docstring."""
+
+    drafter_name = "EDD"
+    fingerprint_field = "target"
 
     def __init__(self, config: EddConfig):
         super().__init__(config)
@@ -163,55 +168,9 @@ class EddForCausalLM(EddPreTrainedModel, GenerationMixin):
         elif "RMSNorm" in type(module).__name__ or isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
 
-    # ---------------------------------------------------------------- the target (not a submodule, not saved)
-    @property
-    def target(self) -> PreTrainedModel | None:
-        return self.__dict__.get("_target")
-
-    def attach_target(self, target: PreTrainedModel) -> EddForCausalLM:
-        """Share ``target``'s embedding and LM head; raise if ``target`` is not this drafter's target."""
-        if self.config.target:
-            check_fingerprint(self.config.target, target, what="this EDD drafter")
-        tc = target.config.get_text_config()
-        if (tc.num_hidden_layers, tc.hidden_size) != (
-            self.config.target_num_hidden_layers,
-            self.config.hidden_size,
-        ):
-            raise SpecDecError(
-                f"this EDD drafter expects a target with {self.config.target_num_hidden_layers} layers of width "
-                f"{self.config.hidden_size}, got {tc.num_hidden_layers} x {tc.hidden_size}; use the target it was "
-                "trained for"
-            )
-        self.__dict__["_target"] = target
-        return self
-
-    def _require_target(self) -> PreTrainedModel:
-        if self.target is None:
-            raise SpecDecError(
-                "this EDD drafter is not attached to its target (its embedding and LM head are the target's and are "
-                "not stored in the checkpoint): load it with `EddForCausalLM.from_pretrained(path, target=target)`, "
-                "call `drafter.attach_target(target)`, or pass it as `target.generate(..., assistant_model=drafter)`"
-            )
-        return self.target
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path, *args, target: PreTrainedModel | None = None, **kwargs
-    ):
-        """``from_pretrained`` plus ``target=``: attach (and check) the target the drafter belongs to."""
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        if target is not None:
-            model.attach_target(target)
-        return model
-
-    def get_input_embeddings(self) -> nn.Module | None:
-        return None if self.target is None else self.target.get_input_embeddings()
-
+    # ---------------------------------------------------------------- the target: see attached.py
     def set_input_embeddings(self, value) -> None:  # the embedding belongs to the target
         pass
-
-    def get_output_embeddings(self) -> nn.Module | None:
-        return None
 
     @property
     def dtype(self) -> torch.dtype:

@@ -33,7 +33,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 from hf_specdec.errors import SpecDecError
-from hf_specdec.target import check_fingerprint, target_fingerprint
+from hf_specdec.target import target_fingerprint
+
+from .attached import TargetAttachedMixin
 
 DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma, the proposal length (§5.1)
 
@@ -252,12 +254,15 @@ class GlidePreTrainedModel(PreTrainedModel):
             nn.init.ones_(module.weight)
 
 
-class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
+class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixin):
     """The GLIDE drafter (or the vanilla drafter when ``config.cross_attention`` is False).
 
     ``forward`` takes the usual ``input_ids``/``position_ids``/``past_key_values`` (the drafter's own cache) plus
     ``target_past_key_values``: the target's cache (a ``transformers`` ``Cache``) as verified so far.
     """
+
+    drafter_name = "GLIDE"
+    fingerprint_field = "target_info"
 
     def __init__(self, config: GlideConfig):
         super().__init__(config)
@@ -276,62 +281,21 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
         self.generation_config.num_assistant_tokens_schedule = "constant"
         self.post_init()
 
-    # ---------------------------------------------------------------- the target (not a submodule, not saved)
-    @property
-    def target(self) -> PreTrainedModel | None:
-        return self.__dict__.get("_target")
-
-    def attach_target(self, target: PreTrainedModel) -> GlideForCausalLM:
-        """Share ``target``'s embedding, LM head and rotary embedding; raise if it is not this drafter's target."""
-        if self.config.target_info:
-            check_fingerprint(self.config.target_info, target, what="this GLIDE drafter")
-        tc = target.config.get_text_config()
-        expected = (self.config.target_num_hidden_layers, self.config.hidden_size)
-        if (tc.num_hidden_layers, tc.hidden_size) != expected:
-            raise SpecDecError(
-                f"this GLIDE drafter expects a target with {expected[0]} layers of width {expected[1]}, got "
-                f"{tc.num_hidden_layers} x {tc.hidden_size}; use the target it was trained for"
-            )
+    # ---------------------------------------------------------------- the target: see attached.py
+    def _attach_extra(self, target: PreTrainedModel) -> None:
+        """Also share the target's rotary embedding, and its LM head rows of the draft vocabulary."""
         rotary = getattr(getattr(target, "model", target), "rotary_emb", None)
         if rotary is None:
             raise SpecDecError(
                 f"GLIDE needs a Llama-like target with rotary embeddings (`model.rotary_emb`); "
                 f"{type(target).__name__} has none"
             )
-        self.__dict__["_target"] = target
         self.__dict__["_rotary"] = rotary
         head = target.get_output_embeddings().weight
         if self.draft_vocab_ids is not None:
             self.__dict__["_head"] = head.detach()[self.draft_vocab_ids.to(head.device)].clone()
         else:
             self.__dict__["_head"] = head
-        return self
-
-    def _require_target(self) -> PreTrainedModel:
-        if self.target is None:
-            raise SpecDecError(
-                "this GLIDE drafter is not attached to its target (its embedding and LM head are the target's and "
-                "are not stored in the checkpoint): load it with `GlideForCausalLM.from_pretrained(path, "
-                "target=target_model)`, call `drafter.attach_target(target_model)`, or pass it as "
-                "`target_model.generate(..., assistant_model=drafter)`"
-            )
-        return self.target
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path, *args, target: PreTrainedModel | None = None, **kwargs
-    ):
-        """``from_pretrained`` plus ``target=``: attach (and check) the target the drafter belongs to."""
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        if target is not None:
-            model.attach_target(target)
-        return model
-
-    def get_input_embeddings(self) -> nn.Module | None:
-        return None if self.target is None else self.target.get_input_embeddings()
-
-    def get_output_embeddings(self) -> nn.Module | None:
-        return None
 
     # ---------------------------------------------------------------- vocabulary helpers
     @property
