@@ -214,6 +214,7 @@ def test_greedy_is_token_identical_to_plain_generate(kw):
             do_sample=False,
             custom_generate=hf_specdec.glide_cape,
             drafter=d,
+            cape_cost=False,  # the paper's full S(p): expansion must happen (the cost trim is tested apart)
             stats=stats,
         )
         assert torch.equal(out, ref), (kw, seed)
