@@ -19,8 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from ..stats import DecodeStats
-from .methods import Method, greedy_new_tokens, register
+from .methods import Method, greedy_new_tokens, greedy_with_stats, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources" / "edd-smollm2"
 DEFAULTS = [Path("runs/edd-smollm2"), PACKAGED]
@@ -89,16 +88,13 @@ class _EddTree(Method):
     def generate(self, input_ids, max_new_tokens):
         from hf_specdec.tree_decoding import tree_generate
 
-        stats = DecodeStats()
-        tokens = greedy_new_tokens(
+        return greedy_with_stats(
             self.model,
             input_ids,
             max_new_tokens,
             custom_generate=tree_generate,
             proposer=self.proposer,
-            stats=stats,
         )
-        return tokens, stats
 
 
 @register

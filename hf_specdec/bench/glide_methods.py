@@ -19,8 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from ..stats import DecodeStats
-from .methods import Method, greedy_new_tokens, register
+from .methods import Method, greedy_new_tokens, greedy_with_stats, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources"
 DEFAULTS = {
@@ -99,8 +98,7 @@ class GlideCape(_DrafterMethod):
     def generate(self, input_ids, max_new_tokens):
         from hf_specdec.cape import glide_cape
 
-        stats = DecodeStats()
-        tokens = greedy_new_tokens(
+        return greedy_with_stats(
             self.model,
             input_ids,
             max_new_tokens,
@@ -108,6 +106,4 @@ class GlideCape(_DrafterMethod):
             drafter=self.drafter,
             cape_expansion=self.expansion,
             cape_cost=self.cost,
-            stats=stats,
         )
-        return tokens, stats

@@ -69,6 +69,15 @@ def greedy_new_tokens(model, input_ids: torch.Tensor, max_new_tokens: int, **kwa
     return out[0, input_ids.shape[1] :]
 
 
+def greedy_with_stats(
+    model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs
+) -> tuple[torch.Tensor, DecodeStats]:
+    """:func:`greedy_new_tokens` for a ``custom_generate`` loop that fills its own ``stats=DecodeStats()`` (trees,
+    SPACE: their forwards are not "1 + drafted" tokens, so the harness cannot infer tau from the target's forwards)."""
+    stats = DecodeStats()
+    return greedy_new_tokens(model, input_ids, max_new_tokens, stats=stats, **kwargs), stats
+
+
 @register
 class AutoRegressive(Method):
     name = "ar"

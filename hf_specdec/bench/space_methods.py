@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecDecError
-from ..stats import DecodeStats
 from ..target import home, load_target
-from .methods import BenchContext, Method, greedy_new_tokens, register
+from .methods import BenchContext, Method, greedy_with_stats, register
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +60,13 @@ class Space(Method):
         self.generate_fn = space
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int):
-        stats = DecodeStats()
-        tokens = greedy_new_tokens(
+        return greedy_with_stats(
             self.model,
             input_ids,
             max_new_tokens,
             custom_generate=self.generate_fn,
             num_masks=self.masks,
-            stats=stats,
         )
-        return tokens, stats
 
 
 # --------------------------------------------------------------------------------------------- quality

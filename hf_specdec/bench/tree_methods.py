@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..stats import DecodeStats
 from ..tree import ROOT, TokenTree
 from ..tree_decoding import TreeProposer, tree_generate
-from .methods import Method, greedy_new_tokens, register
+from .methods import Method, greedy_with_stats, register
 
 
 class NGramTreeProposer(TreeProposer):
@@ -88,13 +87,10 @@ class TreeLookup(Method):
         )
 
     def generate(self, input_ids, max_new_tokens):
-        stats = DecodeStats()
-        tokens = greedy_new_tokens(
+        return greedy_with_stats(
             self.model,
             input_ids,
             max_new_tokens,
             custom_generate=tree_generate,
             proposer=self.proposer,
-            stats=stats,
         )
-        return tokens, stats
