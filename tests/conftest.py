@@ -54,3 +54,33 @@ def real_target():
     from hf_specdec import load_default_target
 
     return load_default_target("fp32")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run far faster on one thread on a shared CPU; restored after the module that asks for it
+    (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_pairs_follow_target(counts: torch.Tensor, prompt: torch.Tensor, p) -> None:
+    """``counts[x2, x3]``: how often sampling after ``prompt`` (token x1 from the prefill) produced x2, x3. Checks
+    it against the target's joint ``P(x2, x3) = sum_x1 p(x1) p(x2 | x1) p(x3 | x1, x2)`` (``p(ids)``: the processed
+    next-token distribution): no impossible pair, and a chi-square p-value above 1e-3."""
+    stats = pytest.importorskip("scipy.stats")
+    vocab, n = counts.shape[0], counts.sum()
+    expected = torch.zeros(vocab, vocab)
+    for a, pa in enumerate(p(prompt).tolist()):
+        if pa > 0:
+            ids = torch.cat([prompt, torch.tensor([[a]])], 1)
+            p2 = p(ids)
+            expected += pa * torch.stack(
+                [p2[b] * p(torch.cat([ids, torch.tensor([[b]])], 1)) for b in range(vocab)]
+            )
+    keep = expected.flatten() > 0
+    assert counts.flatten()[~keep].sum() == 0
+    obs, exp = counts.flatten()[keep].double(), expected.flatten()[keep].double()
+    assert stats.chisquare(obs.numpy(), (exp * n / exp.sum()).numpy()).pvalue > 1e-3

@@ -24,19 +24,13 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.stats import DecodeStats
 from hf_specdec.tree_decoding import StepFeedback, tree_generate
 
-from .conftest import tiny_llama
+from .conftest import assert_pairs_follow_target, tiny_llama
 from .test_glide_model import _drafter
 
 CHECKPOINT = Path(__file__).resolve().parent.parent / "runs" / "glide-q"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _constructed(confidence: float, order: torch.Tensor) -> torch.Tensor:
@@ -244,7 +238,7 @@ def test_accepted_expansion_tokens_happen_and_stay_exact():
 def test_sampling_keeps_the_target_distribution():
     """Tokens 2-3 (the first tree step, gamma 2) sampled by a tiny peaked target (vocab 6, temperature + top-k) through CAPE trees (deterministic
     drafts, one-hot q): chi-square of their joint against the target's."""
-    stats = pytest.importorskip("scipy.stats")
+    pytest.importorskip("scipy.stats")
     V = 6
     target = tiny_llama(vocab_size=V, seed=3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     with torch.no_grad():
@@ -278,18 +272,7 @@ def test_sampling_keeps_the_target_distribution():
         counts[out[0, 4], out[0, 5]] += 1
         nodes = max(nodes, st.steps[1]["nodes"])
     assert nodes > 2  # depth-2 trees with siblings
-    expected = torch.zeros(V, V)  # P(x2, x3) = sum_x1 p(x1) p(x2 | x1) p(x3 | x1, x2)
-    for a, pa in enumerate(p(prompt).tolist()):
-        if pa > 0:
-            ids = torch.cat([prompt, torch.tensor([[a]])], 1)
-            p2 = p(ids)
-            expected += pa * torch.stack(
-                [p2[b] * p(torch.cat([ids, torch.tensor([[b]])], 1)) for b in range(V)]
-            )
-    keep = expected.flatten() > 0
-    assert counts.flatten()[~keep].sum() == 0
-    obs, exp = counts.flatten()[keep].double(), expected.flatten()[keep].double()
-    assert stats.chisquare(obs.numpy(), (exp * n / exp.sum()).numpy()).pvalue > 1e-3
+    assert_pairs_follow_target(counts, prompt, p)
 
 
 def test_clear_errors():

@@ -15,14 +15,7 @@ from hf_specdec.tree import TokenTree, additive_mask
 from .conftest import tiny_gpt2, tiny_llama
 from .test_tree_mask import random_tree
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tree_forward(model, prompt, tree):

@@ -37,13 +37,7 @@ from .conftest import tiny_gpt2, tiny_llama
 pld_module = importlib.import_module("hf_specdec.pld_plus_generation")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

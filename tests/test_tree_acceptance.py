@@ -19,13 +19,7 @@ from hf_specdec.tree import TokenTree
 stats = pytest.importorskip("scipy.stats")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small-tensor loops run far faster on one thread on a shared CPU; restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 V = 5

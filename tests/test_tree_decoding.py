@@ -16,17 +16,10 @@ from hf_specdec.stats import DecodeStats
 from hf_specdec.tree import TokenTree
 from hf_specdec.tree_decoding import TreeProposer, tree_generate
 
-from .conftest import tiny_gpt2, tiny_llama
+from .conftest import assert_pairs_follow_target, tiny_gpt2, tiny_llama
 from .test_kv_cache import tiny_mistral
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run far faster on one thread on a shared CPU; restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class NoisyOracle(TreeProposer):
@@ -183,7 +176,7 @@ def test_errors_are_clear():
 
 def test_sampling_end_to_end_matches_target():
     """Tokens 2-3 sampled by a tiny peaked model (vocab 6, temperature + top-k) through sampled trees with q."""
-    stats = pytest.importorskip("scipy.stats")
+    pytest.importorskip("scipy.stats")
     V = 6
     model = tiny_llama(vocab_size=V, seed=3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     with torch.no_grad():
@@ -223,18 +216,7 @@ def test_sampling_end_to_end_matches_target():
             proposer=Sampler(),
         )
         counts[out[0, 4], out[0, 5]] += 1
-    expected = torch.zeros(V, V)  # P(x2, x3) = sum_x1 p(x1) p(x2 | x1) p(x3 | x1, x2)
-    for a, pa in enumerate(target(prompt).tolist()):
-        if pa > 0:
-            ids = torch.cat([prompt, torch.tensor([[a]])], 1)
-            p2 = target(ids)
-            expected += pa * torch.stack(
-                [p2[b] * target(torch.cat([ids, torch.tensor([[b]])], 1)) for b in range(V)]
-            )
-    keep = expected.flatten() > 0
-    assert counts.flatten()[~keep].sum() == 0
-    obs, exp = counts.flatten()[keep].double(), expected.flatten()[keep].double()
-    assert stats.chisquare(obs.numpy(), (exp * n / exp.sum()).numpy()).pvalue > 1e-3
+    assert_pairs_follow_target(counts, prompt, target)
 
 
 @pytest.mark.real
