@@ -55,12 +55,9 @@ from .verify_cost import CostCurve, measured_cost
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 
 # Defaults tuned on the `summarize` task only (`hf-specdec pld-tune`, docs/pld-plus.md "Tuning"): layer 14 of
-# SmolLM2's 30 (stored as a fraction of the depth so that it transfers to other depths), K = 10, the top 10 heads,
-# and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a verification forward
-# costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
-DEFAULT_NUM_TOKENS = (
-    10  # the paper's fixed K, used when pld_num_tokens is given (or the cost is not measured)
-)
+# SmolLM2's 30 (stored as a fraction of the depth so that it transfers to other depths), adaptive K with the priors
+# below, the top 10 heads, and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a
+# verification forward costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
 DEFAULT_MAX_TOKENS = 64  # adaptive mode's cap on K (DraftLength)
 DEFAULT_PRIORS = (0.6, 0.9)  # DraftLength's prior acceptance of a fresh occurrence / a running copy
 DEFAULT_LAYER_FRACTION = 14 / 30
@@ -141,8 +138,8 @@ class DraftLength:
 
     max_k: int
     cost: CostCurve | None = None
-    prior_fresh: float = 0.6
-    prior_run: float = 0.9
+    prior_fresh: float = DEFAULT_PRIORS[0]
+    prior_run: float = DEFAULT_PRIORS[1]
     weight: float = 8.0
     _continue_at: int | None = None
     _counts: dict = field(default_factory=lambda: {"fresh": [0, 0], "run": [0, 0]})  # [accepted, rejections]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import SpecDecError
-from .pld_plus_generation import DraftLength, occurrences, rank_by_attention, rank_by_hidden
+from .pld_plus_generation import DEFAULT_PRIORS, DraftLength, occurrences, rank_by_attention, rank_by_hidden
 from .verify_cost import CostCurve, forward_times, interpolate
 
 Ranker = Callable[[torch.Tensor], "int | None"]
@@ -44,7 +44,7 @@ def replay(
     eos: set[int],
     max_len: int,
     cost: CostCurve | None = None,
-    priors: tuple[float, float] = (0.6, 0.9),
+    priors: tuple[float, float] = DEFAULT_PRIORS,
 ) -> Replay:
     """Replay one greedy PLD-style generation of ``seq[start:]``; ``rank(ids)`` returns the draft's source ``j``
     (the draft is ``ids[j+1 : j+1+K]``, ``K`` from :class:`DraftLength`: fixed ``k``, or adaptive up to ``k``
