@@ -87,20 +87,18 @@ def expansion_size(p: float, expansion: Sequence[tuple[float, int]] = DEFAULT_EX
 
 
 def expand(
-    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION, with_probs: bool = False
-):
+    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION
+) -> tuple[int, float, list[int], list[float]]:
     """One draft position from one distribution ``probs`` (``(vocab,)``): the proposal token (argmax), its
-    confidence ``p = max probs`` and the expansion set, the ``S(p)`` next-best tokens in decreasing probability
-    (tokens of probability 0 are left out); with ``with_probs`` also their probabilities."""
+    confidence ``p = max probs``, the expansion set (the ``S(p)`` next-best tokens in decreasing probability; tokens
+    of probability 0 are left out) and the set's probabilities."""
     k_max = max(k for _, k in expansion)
     top = probs.topk(min(k_max + 1, probs.numel()))
     p = float(top.values[0])
     k = expansion_size(p, expansion)
     values, indices = top.values[1 : 1 + k], top.indices[1 : 1 + k]
     keep = values > 0
-    if with_probs:
-        return int(top.indices[0]), p, indices[keep].tolist(), values[keep].tolist()
-    return int(top.indices[0]), p, indices[keep].tolist()
+    return int(top.indices[0]), p, indices[keep].tolist(), values[keep].tolist()
 
 
 def trim_by_cost(
@@ -195,8 +193,8 @@ class CapeProposer(TreeProposer):
         if self.logits_processor:
             full = self.drafter.to_full_vocab(logits[None])
             full = self.logits_processor(sequence, full.to(sequence.device))[0]
-            return expand(full.softmax(-1), self.expansion, with_probs=True)
-        token, p, siblings, probs = expand(logits.softmax(-1), self.expansion, with_probs=True)
+            return expand(full.softmax(-1), self.expansion)
+        token, p, siblings, probs = expand(logits.softmax(-1), self.expansion)
         ids = self.drafter.draft_vocab_ids
         if ids is None:
             return token, p, siblings, probs

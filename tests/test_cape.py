@@ -60,10 +60,12 @@ def test_expansion_sizes_follow_the_bins():
             check_expansion(bad)
     order = torch.randperm(20, generator=torch.Generator().manual_seed(0))
     for confidence, k in ((0.2, 7), (0.45, 5), (0.7, 3), (0.9, 1)):
-        token, p, siblings = expand(_constructed(confidence, order).softmax(-1))
+        token, p, siblings, _ = expand(_constructed(confidence, order).softmax(-1))
         assert token == int(order[0]) and p == pytest.approx(confidence, abs=1e-5)
         assert siblings == order[1 : 1 + k].tolist()  # the next-best tokens, best first
-    token, _, siblings = expand(torch.tensor([0.3, 0.5, 0.2, 0.0, 0.0]))  # K = 5, no zero-probability sibling
+    token, _, siblings, _ = expand(
+        torch.tensor([0.3, 0.5, 0.2, 0.0, 0.0])
+    )  # K = 5, no zero-probability sibling
     assert token == 1 and siblings == [0, 2]
 
 
@@ -181,7 +183,7 @@ def test_siblings_come_from_the_same_forward_gamma_forwards_per_step():
         assert depth == min(4, max_depth) or ended_by_eos
         full_steps += depth == 4
         for i, row in enumerate(rows):  # position i's siblings are the runners-up of forward i
-            token, _, siblings = expand(row.softmax(-1))
+            token, _, siblings, _ = expand(row.softmax(-1))
             assert int(tree.tokens[i]) == token
             assert tree.tokens[[c for c in tree.children(i - 1) if c != i]].tolist() == siblings
     assert full_steps >= 3
