@@ -4,6 +4,7 @@ assisted-decoding loop: the proposal length gamma and what each draft step needs
 
 from __future__ import annotations
 
+import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
@@ -31,3 +32,21 @@ def init_chain_drafting(
     generator.logits_processor = LogitsProcessorList(
         p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
     )
+
+
+def draft_token(
+    generator: CandidateGenerator, drafter: PreTrainedModel, sequence: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chain draft token from the drafter's ``logits`` (over its draft vocabulary, ``modeling/attached.py``)
+    at the end of ``sequence``: ``(token (1, 1), full-vocabulary processed logits or None)``. Greedy without
+    logits processors takes the argmax over the draft vocabulary directly; otherwise the logits are mapped to the
+    full vocabulary, processed like the target's, and sampled (``do_sample``) or maximised. The processed logits
+    are what transformers' speculative sampling needs as the draft distribution q."""
+    if not len(generator.logits_processor) and not generator.do_sample:
+        token = logits.argmax(-1, keepdim=True)
+        ids = drafter.draft_vocab_ids
+        return (token if ids is None else ids[token]), None
+    full = generator.logits_processor(sequence, drafter.to_full_vocab(logits.float()))
+    if generator.do_sample:
+        return torch.multinomial(full.softmax(-1), 1), full
+    return full.argmax(-1, keepdim=True), full

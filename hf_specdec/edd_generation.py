@@ -26,7 +26,7 @@ import time
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .chain_drafting import init_chain_drafting
+from .chain_drafting import draft_token, init_chain_drafting
 from .errors import SpecDecError
 from .pct import (
     DEFAULT_PCT_MAX_DEPTH,
@@ -174,14 +174,8 @@ class EddCandidateGenerator(CandidateGenerator):
         hidden = self.state.root_step(sequence)
         scores = []
         for i in range(budget):
-            logits = self.edd.draft_logits(hidden).float()
-            if len(self.logits_processor) or self.do_sample:
-                logits = self.logits_processor(sequence, logits)
-            if self.do_sample:
-                token = torch.multinomial(logits.softmax(-1), 1)
-                scores.append(logits)
-            else:
-                token = logits.argmax(-1, keepdim=True)
+            token, processed = draft_token(self, self.edd, sequence, self.edd.draft_logits(hidden))
+            scores.append(processed)
             sequence = torch.cat([sequence, token], dim=1)
             if (self.eos is not None and int(token) in self.eos) or i == budget - 1:
                 break
@@ -206,7 +200,8 @@ class EddTreeExpander:
             hidden = self.state.root_step(self.input_ids)
         else:
             hidden = self.state.tree_step(nodes, tree)
-        probs = self.state.edd.draft_logits(hidden).float().softmax(-1)
+        edd = self.state.edd
+        probs = edd.to_full_vocab(edd.draft_logits(hidden).float()).softmax(-1)
         if self.timer is not None:
             self.timer.draft(time.perf_counter() - t0)
         return probs

@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .chain_drafting import init_chain_drafting
+from .chain_drafting import draft_token, init_chain_drafting
 
 
 class GlideDraftCache:
@@ -100,17 +100,10 @@ class GlideCandidateGenerator(CandidateGenerator):
         sequence = input_ids.to(device)
         drafted, scores = [], []
         for _ in range(budget):
-            logits = self.state.step(step_ids, target_cache)
-            if len(self.logits_processor) or self.do_sample or self.drafter.draft_vocab_ids is None:
-                logits = self.drafter.to_full_vocab(logits)
-                logits = self.logits_processor(sequence, logits)
-                if self.do_sample:
-                    token = torch.multinomial(logits.softmax(-1), 1)
-                else:
-                    token = logits.argmax(-1, keepdim=True)
-                scores.append(logits)
-            else:  # greedy without processors: argmax over the draft vocabulary, mapped back to token ids
-                token = self.drafter.draft_vocab_ids[logits.argmax(-1, keepdim=True)]
+            token, processed = draft_token(
+                self, self.drafter, sequence, self.state.step(step_ids, target_cache)
+            )
+            scores.append(processed)
             drafted.append(token)
             sequence = torch.cat([sequence, token], dim=1)
             step_ids = token

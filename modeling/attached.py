@@ -8,12 +8,22 @@ assistant_model=drafter)``). The target is kept outside the module tree (``self.
 neither a submodule nor saved, so the checkpoint holds the drafter's own weights only. The drafter's config
 records the target's fingerprint (``hf_specdec.target.target_fingerprint``); attaching another target is a
 clear error.
+
+**Reduced draft vocabulary** (optional, both drafters): ``set_draft_vocab(ids)`` keeps only the LM-head rows of
+``ids`` (e.g. the most frequent tokens of the training data; stored in the checkpoint as the buffer
+``draft_vocab_ids``, its size in ``config.draft_vocab_size``). On a CPU the drafter's cost is mostly its LM head
+(49k rows for SmolLM2), so this cuts the draft cost several times. The head rows are the target's frozen ones,
+so restricting a drafter trained over the full vocabulary changes nothing but the softmax's support. The target
+still verifies over the full vocabulary: full-vocabulary logits are ``-inf`` outside the kept ids, so the output
+stays lossless (a token the drafter cannot propose is simply never drafted).
 """
 
 from __future__ import annotations
 
 from typing import TypeVar
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -51,6 +61,10 @@ class TargetAttachedMixin:
                 f"{tc.num_hidden_layers} x {tc.hidden_size}; use the target it was trained for"
             )
         self._attach_extra(target)
+        head = target.get_output_embeddings().weight
+        if self.draft_vocab_ids is not None:
+            head = head.detach()[self.draft_vocab_ids.to(head.device)].clone()
+        self.__dict__["_head"] = head
         self.__dict__["_target"] = target
         return self
 
@@ -67,6 +81,56 @@ class TargetAttachedMixin:
                 "`target.generate(..., assistant_model=drafter)`"
             )
         return self.target
+
+    # ---------------------------------------------------------------- draft vocabulary (module docstring)
+    def _init_draft_vocab(self) -> None:
+        """Call in ``__init__``: the ``draft_vocab_ids`` buffer when ``config.draft_vocab_size`` is set."""
+        size = getattr(self.config, "draft_vocab_size", None)
+        if size:
+            self.register_buffer("draft_vocab_ids", torch.arange(size), persistent=True)
+        else:
+            self.draft_vocab_ids = None
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return getattr(self.config, "draft_vocab_size", None) or self.config.vocab_size
+
+    def set_draft_vocab(self, token_ids) -> None:
+        """Keep only the LM-head rows of ``token_ids`` (any order, no repeats); works on a trained drafter too."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+        vocab = self.config.vocab_size
+        if len(ids) == 0 or len(ids) > vocab or bool((ids[1:] == ids[:-1]).any()):
+            raise SpecDecError(f"a draft vocabulary needs 1..{vocab} distinct token ids, got {len(ids)} ids")
+        if int(ids[0]) < 0 or int(ids[-1]) >= vocab:
+            raise SpecDecError(
+                f"draft vocabulary ids must lie in [0, {vocab}), got {int(ids[0])}..{int(ids[-1])}"
+            )
+        self.config.draft_vocab_size = len(ids)
+        self.__dict__.pop("draft_vocab_ids", None)
+        device = next(self.parameters()).device
+        self.register_buffer("draft_vocab_ids", ids.to(device), persistent=True)
+        if self.target is not None:
+            self.attach_target(self.target)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM-head logits over the draft vocabulary (the full vocabulary unless one was set)."""
+        self._require_target()
+        return F.linear(hidden, self.__dict__["_head"].to(hidden.dtype))
+
+    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits -> full-vocabulary logits (``-inf`` for tokens the drafter cannot propose)."""
+        if self.draft_vocab_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab_ids, logits)
+
+    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary ids -> draft-vocabulary indices (-100 for ids outside it; -100 stays -100)."""
+        if self.draft_vocab_ids is None:
+            return token_ids
+        table = torch.full((self.config.vocab_size,), -100, dtype=torch.long, device=token_ids.device)
+        table[self.draft_vocab_ids] = torch.arange(len(self.draft_vocab_ids), device=token_ids.device)
+        return torch.where(token_ids >= 0, table[token_ids.clamp(min=0)], token_ids)
 
     @classmethod
     def from_pretrained(

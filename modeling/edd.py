@@ -18,7 +18,8 @@ simulates: a token of block j sees the hidden states of blocks < j and the token
 
 Embedding and LM head: §3.1 *initialises* them from the target. Here they **are** the target's (shared,
 frozen, not stored in the checkpoint): training them on a CPU budget would cost 2 x 28M parameters of
-optimizer state for little gain and make them drift from the target's. A drafter is attached to its target at
+optimizer state for little gain and make them drift from the target's. The head can be restricted to a reduced
+draft vocabulary (``set_draft_vocab``, ``modeling/attached.py``). A drafter is attached to its target at
 load time (``EddForCausalLM.from_pretrained(path, target=target)``, ``drafter.attach_target(target)``, or
 automatically by ``target.generate(**inputs, assistant_model=drafter)``); the checkpoint records the target's
 fingerprint and attaching another target is a clear error.
@@ -62,6 +63,7 @@ class EddConfig(PretrainedConfig):
       values give the "w/o random division length" ablation); ``eval_block_length`` for validation.
     - ``loss``: ``"kl"`` (eq. 4, the paper's) or ``"ce"`` (the "w/o KL divergence" ablation).
     - ``target``: the fingerprint of the target it belongs to.
+    - ``draft_vocab_size``: size of the optional reduced draft vocabulary (``modeling/attached.py``).
     """
 
     model_type = "edd"
@@ -77,6 +79,7 @@ class EddConfig(PretrainedConfig):
         eval_block_length: int = 5,
         loss: str = "kl",
         target: dict | None = None,
+        draft_vocab_size: int | None = None,
         **kwargs,
     ):
         self.layer_config = dict(layer_config or {})
@@ -91,6 +94,7 @@ class EddConfig(PretrainedConfig):
             raise SpecDecError(f"EddConfig.loss must be 'kl' or 'ce', got {loss!r}")
         self.loss = loss
         self.target = target or {}
+        self.draft_vocab_size = draft_vocab_size
         for key in ("vocab_size", "hidden_size", "bos_token_id", "eos_token_id", "pad_token_id"):
             if key in self.layer_config:
                 kwargs.setdefault(key, self.layer_config[key])
@@ -155,6 +159,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         self.decoder = AutoModel.from_config(config.decoder_config())
         if hasattr(self.decoder, "embed_tokens"):
             self.decoder.embed_tokens = None  # the target's embedding is used (never stored here)
+        self._init_draft_vocab()
         self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
         self.generation_config.num_assistant_tokens_schedule = "constant"
         self.post_init()
@@ -191,16 +196,6 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
     # ---------------------------------------------------------------- building blocks
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
         return self._require_target().get_input_embeddings()(input_ids).to(self.dtype)
-
-    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of the target's LM head on EDD's final-normed hidden states."""
-        head = self._require_target().get_output_embeddings().weight
-        return F.linear(hidden, head.to(hidden.dtype))
-
-    draft_vocab_ids = None  # the full vocabulary (trainer protocol)
-
-    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return token_ids
 
     def decode(
         self,
@@ -275,17 +270,17 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Teacher-forced forward (see ``hidden_states``); ``labels`` give the shifted cross-entropy loss.
+        """Teacher-forced forward (see ``hidden_states``); ``labels`` give the shifted cross-entropy loss. Logits are
+        over the full vocabulary (``-inf`` outside a reduced draft vocabulary).
         Decoding does not go through here: see ``hf_specdec.edd_generation``."""
         if input_ids is None:
             raise SpecDecError("EddForCausalLM.forward needs input_ids")
         logits = self.draft_logits(self.hidden_states(input_ids, soft_prompt, block_length))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-            )
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
+            gold = self.to_draft_ids(labels[:, 1:])
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), gold.flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=self.to_full_vocab(logits))
 
     # ---------------------------------------------------------------- target.generate(assistant_model=edd)
     def make_candidate_generator(self, target, generation_config, logits_processor, **_):

@@ -15,11 +15,7 @@ or ``drafter.attach_target(target)``); the checkpoint records the target's finge
 
 ``cross_attention=False`` gives the vanilla drafter: the same class and layers without the cross-attention.
 
-Optional reduced draft vocabulary: ``draft_vocab_size`` keeps the LM-head rows of the most frequent tokens of
-the training data (ids stored in the checkpoint as ``draft_vocab_ids``). On a CPU the drafter's cost is mostly
-its LM head (49k rows), so this cuts the draft cost c several times. The target still verifies over the full
-vocabulary; full-vocabulary logits are ``-inf`` outside the kept ids, so the output stays lossless (a token the
-drafter cannot propose is simply never drafted).
+Optional reduced draft vocabulary (``draft_vocab_size``): see ``modeling/attached.py``.
 """
 
 from __future__ import annotations
@@ -273,17 +269,14 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
             )
         self.layers = nn.ModuleList(GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        if config.draft_vocab_size:
-            self.register_buffer("draft_vocab_ids", torch.arange(config.draft_vocab_size), persistent=True)
-        else:
-            self.draft_vocab_ids = None
+        self._init_draft_vocab()
         self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
         self.generation_config.num_assistant_tokens_schedule = "constant"
         self.post_init()
 
     # ---------------------------------------------------------------- the target: see attached.py
     def _attach_extra(self, target: PreTrainedModel) -> None:
-        """Also share the target's rotary embedding, and its LM head rows of the draft vocabulary."""
+        """Also share the target's rotary embedding."""
         rotary = getattr(getattr(target, "model", target), "rotary_emb", None)
         if rotary is None:
             raise SpecDecError(
@@ -291,48 +284,6 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
                 f"{type(target).__name__} has none"
             )
         self.__dict__["_rotary"] = rotary
-        head = target.get_output_embeddings().weight
-        if self.draft_vocab_ids is not None:
-            self.__dict__["_head"] = head.detach()[self.draft_vocab_ids.to(head.device)].clone()
-        else:
-            self.__dict__["_head"] = head
-
-    # ---------------------------------------------------------------- vocabulary helpers
-    @property
-    def draft_vocab_size(self) -> int:
-        return self.config.draft_vocab_size or self.config.vocab_size
-
-    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM-head logits over the draft vocabulary (the full vocabulary unless ``draft_vocab_size`` is set)."""
-        self._require_target()
-        head = self.__dict__["_head"]
-        return F.linear(hidden, head.to(hidden.dtype))
-
-    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits -> full-vocabulary logits (``-inf`` for tokens the drafter cannot propose)."""
-        if self.draft_vocab_ids is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_vocab_ids, logits)
-
-    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary ids -> draft-vocabulary indices (-100 for ids outside it; -100 stays -100)."""
-        if self.draft_vocab_ids is None:
-            return token_ids
-        table = torch.full((self.config.vocab_size,), -100, dtype=torch.long, device=token_ids.device)
-        table[self.draft_vocab_ids] = torch.arange(len(self.draft_vocab_ids), device=token_ids.device)
-        return torch.where(token_ids >= 0, table[token_ids.clamp(min=0)], token_ids)
-
-    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
-        """Install the kept token ids (e.g. the most frequent ones of the training data)."""
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long).sort().values
-        if len(token_ids) != self.config.draft_vocab_size:
-            raise SpecDecError(
-                f"draft vocabulary has {len(token_ids)} ids, config says {self.config.draft_vocab_size}"
-            )
-        self.draft_vocab_ids.copy_(token_ids)
-        if self.target is not None:
-            self.attach_target(self.target)
 
     # ---------------------------------------------------------------- warm start (CPU budget; see docs/glide.md)
     @torch.no_grad()

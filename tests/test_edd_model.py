@@ -217,6 +217,42 @@ def test_sampling_chain_keeps_target_distribution():
     assert tv < 0.09, f"total variation {tv:.3f} between plain and EDD-assisted sampling"
 
 
+def test_reduced_draft_vocab_restricts_drafts_round_trips_and_stays_lossless(tmp_path, target):
+    """``set_draft_vocab`` on a (trained) EDD: logits only over the kept ids (the target's rows, unchanged), -inf
+    elsewhere in full-vocabulary logits, saved and reloaded with the checkpoint, and chain / PCT decoding with it
+    still equal plain greedy decoding. Bad id sets are clear errors."""
+    from hf_specdec.edd_generation import EddTreeProposer
+    from hf_specdec.tree_decoding import tree_generate
+
+    torch.manual_seed(2)
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    edd.init_from_target(target)
+    edd.attach_target(target)
+    ids = torch.randint(3, 90, (1, 8))
+    with torch.no_grad():
+        full = edd(ids).logits
+    keep = torch.arange(0, 96, 2)  # every other token
+    edd.set_draft_vocab(keep.flip(0))  # any order
+    assert edd.config.draft_vocab_size == 48 and torch.equal(edd.draft_vocab_ids, keep)
+    with torch.no_grad():
+        reduced = edd(ids).logits
+    torch.testing.assert_close(reduced[..., keep], full[..., keep])
+    assert torch.isinf(reduced[..., 1::2]).all()
+    edd.save_pretrained(tmp_path)
+    loaded = EddForCausalLM.from_pretrained(tmp_path, target=target).eval()
+    assert torch.equal(loaded.draft_vocab_ids, keep)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, reduced)
+    kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    ref = target.generate(ids, **kw)
+    assert torch.equal(target.generate(ids, assistant_model=loaded, **kw), ref)
+    proposer = EddTreeProposer(loaded, "pct", ratio=0.05)
+    assert torch.equal(target.generate(ids, custom_generate=tree_generate, proposer=proposer, **kw), ref)
+    for bad in ([], [3, 3], [-1, 4], [5, 10**6]):
+        with pytest.raises(SpecDecError, match="draft vocabulary"):
+            loaded.set_draft_vocab(bad)
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_target_chain_and_pct_are_lossless(real_target):

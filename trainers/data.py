@@ -4,12 +4,15 @@
   (content and closing tag) are supervised; prompt and template tokens get -100.
 - ``sft_dataset``: conversations as individual SFT samples (SPACE's SAR-SFT and its SFT baseline).
 - ``packed_dataset``: conversations concatenated and cut into fixed blocks (drafter training).
+- ``install_draft_vocab``: a drafter's reduced draft vocabulary from the training data's token frequencies.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
+import torch
 from datasets import Dataset
 
 from hf_specdec.errors import SpecDecError
@@ -96,3 +99,31 @@ def packed_dataset(
     if not rows:
         raise SpecDecError(f"no ShareGPT text in split {split!r} to pack")
     return Dataset.from_list(list(itertools.islice(rows, limit)))
+
+
+def frequent_tokens(dataset, size: int, always: list[int]) -> torch.Tensor:
+    """The ``size`` most frequent supervised tokens of ``dataset`` (plus the ``always`` ids; then any tokens of the
+    inputs, then the lowest ids, if the data has fewer distinct tokens)."""
+    counts: Counter = Counter()
+    inputs: Counter = Counter()
+    for row in dataset:
+        counts.update(t for t in row["labels"] if t >= 0)
+        inputs.update(row["input_ids"])
+    ranked = [*always, *(t for t, _ in counts.most_common()), *(t for t, _ in inputs.most_common())]
+    keep = list(dict.fromkeys(ranked))[:size]
+    seen = set(keep)
+    keep += [t for t in range(size * 2) if t not in seen][: size - len(keep)]
+    return torch.tensor(sorted(keep), dtype=torch.long), counts
+
+
+def install_draft_vocab(drafter, dataset, tokenizer, size: int) -> float:
+    """Give ``drafter`` the reduced draft vocabulary of the ``size`` most frequent supervised tokens of
+    ``dataset`` (special tokens always kept; ``modeling/attached.py``); returns the share of supervised tokens
+    it covers."""
+    always = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
+    ids, counts = frequent_tokens(dataset, size, always)
+    drafter.set_draft_vocab(ids)
+    kept = set(ids.tolist())
+    coverage = sum(c for t, c in counts.items() if t in kept) / max(sum(counts.values()), 1)
+    print(f"draft vocabulary: {len(ids)} tokens cover {coverage:.1%} of supervised training tokens")
+    return coverage

@@ -54,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--init", choices=["target", "random"], default="target", help="warm start the layer from the target"
     )
+    p.add_argument("--draft-vocab", type=int, default=0, help="keep only the N most frequent tokens (0: all)")
     p.add_argument("--eval-blocks", type=int, default=16, help="validation blocks")
     p.add_argument("--eval-steps", type=int, default=50)
     p.add_argument("--save-steps", type=int, default=50)
@@ -162,7 +163,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
 
 def run(args) -> int:
     from hf_specdec.modeling import EddConfig, EddForCausalLM
-    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.data import install_draft_vocab, packed_dataset
     from hf_specdec.trainers.drafter_trainer import TimeLimitCallback, write_training_curve
     from transformers import TrainingArguments, set_seed
 
@@ -194,6 +195,7 @@ def run(args) -> int:
     drafter.attach_target(target)
     if args.init == "target":
         drafter.init_from_target(target)
+    coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
 
     targs = TrainingArguments(
         output_dir=args.output_dir,
@@ -246,6 +248,11 @@ def run(args) -> int:
             f"1 {config.layer_config['model_type']} decoder layer (hidden {config.hidden_size}), soft prompt = "
             + (f"target hidden_states[{config.encoder_layer}]" if config.soft_prompt else "none (ablation)")
             + f", dual-block mask L ~ U[{config.block_min}, {config.block_max}], loss {config.loss}, init {args.init}"
+            + (
+                f", draft vocab {config.draft_vocab_size} (coverage {coverage:.1%})"
+                if coverage is not None
+                else ""
+            )
         ),
         "data": f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised)",
         "steps": trainer.state.global_step,

@@ -12,7 +12,6 @@ import argparse
 import shlex
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -58,21 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     p.add_argument("--seed", type=int, default=0)
-
-
-def frequent_tokens(dataset, size: int, always: list[int]) -> torch.Tensor:
-    """The ``size`` most frequent supervised tokens of ``dataset`` (plus the ``always`` ids; then any tokens of the
-    inputs, then the lowest ids, if the data has fewer distinct tokens)."""
-    counts: Counter = Counter()
-    inputs: Counter = Counter()
-    for row in dataset:
-        counts.update(t for t in row["labels"] if t >= 0)
-        inputs.update(row["input_ids"])
-    ranked = [*always, *(t for t, _ in counts.most_common()), *(t for t, _ in inputs.most_common())]
-    keep = list(dict.fromkeys(ranked))[:size]
-    seen = set(keep)
-    keep += [t for t in range(size * 2) if t not in seen][: size - len(keep)]
-    return torch.tensor(sorted(keep), dtype=torch.long), counts
 
 
 def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
@@ -151,7 +135,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
 
 def run(args) -> int:
     from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.data import install_draft_vocab, packed_dataset
     from hf_specdec.trainers.drafter_trainer import DrafterTrainer, TimeLimitCallback, write_training_curve
     from transformers import TrainingArguments, set_seed
 
@@ -182,14 +166,7 @@ def run(args) -> int:
     drafter.attach_target(target)
     if args.init == "target":
         drafter.init_from_target(target)
-    coverage = None
-    if args.draft_vocab:
-        always = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
-        ids, counts = frequent_tokens(train, args.draft_vocab, always)
-        drafter.set_draft_vocab(ids)
-        kept = set(ids.tolist())
-        coverage = sum(c for t, c in counts.items() if t in kept) / max(sum(counts.values()), 1)
-        print(f"draft vocabulary: {len(ids)} tokens cover {coverage:.1%} of supervised training tokens")
+    coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
 
     targs = TrainingArguments(
         output_dir=args.output_dir,
