@@ -59,7 +59,8 @@ VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "a
 # below, the top 10 heads, and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a
 # verification forward costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
 DEFAULT_MAX_TOKENS = 64  # adaptive mode's cap on K (DraftLength)
-DEFAULT_PRIORS = (0.6, 0.9)  # DraftLength's prior acceptance of a fresh occurrence / a running copy
+DEFAULT_PRIORS = (0.4, 0.9, 0.85)  # DraftLength's prior hit rate of a fresh occurrence / a running copy, and
+# continuation rate
 DEFAULT_LAYER_FRACTION = 14 / 30
 DEFAULT_TOP_HEADS = 10
 DEFAULT_MIN_SCORE = {"hidden": 0.8, "attention": 0.2}
@@ -126,29 +127,35 @@ class DraftLength:
 
     Fixed mode (``cost=None``): always ``max_k`` tokens, the paper's fixed ``K``.
 
-    Adaptive mode: a drafted token is taken to be accepted with probability ``a`` once the tokens before it were
-    (a geometric chain), so a ``K``-token draft yields ``E(K) = (1 - a^(K+1)) / (1 - a)`` tokens (the target's own
-    token included) for a forward costing ``c(K + 1)`` one-token forwards (:class:`~hf_specdec.verify_cost.CostCurve`,
-    measured on the running machine). The step drafts the ``K <= max_k`` maximising ``E(K) / c(K + 1)``, and
-    nothing when no ``K`` beats a plain step (``E / c <= 1``). ``a`` is estimated online (accepted tokens over
-    accepted tokens plus rejections, started from a prior worth ``weight`` tokens) separately for a *fresh*
-    occurrence and for a *running copy*: the best occurrence is exactly where the previous, fully accepted draft's
-    copy continues. Priors come from the summarize tuning (``hf-specdec pld-tune``).
+    Adaptive mode: a copied draft is either wrong from its first token or right for a while, so acceptance is
+    modelled in two parts: the first token is accepted with probability ``h`` (the *hit* rate), each later one, once
+    the tokens before it were, with probability ``a`` (the *continuation* rate). A ``K``-token draft then yields
+    ``E(K) = 1 + h (1 - a^K) / (1 - a)`` tokens (the target's own token included) for a forward costing ``c(K + 1)``
+    one-token forwards (:class:`~hf_specdec.verify_cost.CostCurve`, measured on the running machine). The step
+    drafts the ``K <= max_k`` maximising ``E(K) / c(K + 1)``, and nothing when no ``K`` beats a plain step
+    (``E / c <= 1``). ``h`` is estimated online separately for a *fresh* occurrence and for a *running copy* (the
+    best occurrence is exactly where the previous, fully accepted draft's copy continues), ``a`` over all drafts;
+    each estimate starts from a prior worth ``weight`` observations. Priors come from the summarize tuning
+    (``hf-specdec pld-tune``). A single geometric rate for all tokens (this class's first version) under-drafts the
+    long, correct copies of edit tasks (docs/pld-plus.md, "Draft length").
     """
 
     max_k: int
     cost: CostCurve | None = None
     prior_fresh: float = DEFAULT_PRIORS[0]
     prior_run: float = DEFAULT_PRIORS[1]
+    prior_continue: float = DEFAULT_PRIORS[2]
     weight: float = 8.0
     _continue_at: int | None = None
-    _counts: dict = field(default_factory=lambda: {"fresh": [0, 0], "run": [0, 0]})  # [accepted, rejections]
+    # [successes, failures] of first tokens (fresh / run) and of later tokens ("continue")
+    _counts: dict = field(default_factory=lambda: {"fresh": [0, 0], "run": [0, 0], "continue": [0, 0]})
     _last: str = "fresh"
 
     def acceptance(self, kind: str) -> float:
-        accepted, rejected = self._counts[kind]
-        prior = self.prior_run if kind == "run" else self.prior_fresh
-        return (accepted + self.weight * prior) / (accepted + rejected + self.weight)
+        """The current estimate of ``h`` (``kind`` ``"fresh"`` or ``"run"``) or of ``a`` (``"continue"``)."""
+        good, bad = self._counts[kind]
+        prior = {"fresh": self.prior_fresh, "run": self.prior_run, "continue": self.prior_continue}[kind]
+        return (good + self.weight * prior) / (good + bad + self.weight)
 
     def for_source(self, j: int, budget: int | None = None) -> int:
         """Tokens to draft from occurrence ``j`` (``0``: do not draft); ``budget`` caps it."""
@@ -156,10 +163,11 @@ class DraftLength:
         self._last = "run" if j == self._continue_at else "fresh"
         if self.cost is None or cap < 1:
             return max(cap, 0)
-        a = min(self.acceptance(self._last), 0.999)
-        best_k, best_gain, expected = 0, 1.0, 1.0
+        h, a = self.acceptance(self._last), min(self.acceptance("continue"), 0.999)
+        best_k, best_gain, expected, term = 0, 1.0, 1.0, h
         for k in range(1, cap + 1):
-            expected += a**k
+            expected += term  # + P(the k-th drafted token is accepted) = h a^(k-1)
+            term *= a
             gain = expected / self.cost(k + 1)
             if gain > best_gain:
                 best_k, best_gain = k, gain
@@ -170,9 +178,11 @@ class DraftLength:
         if source_start is None or drafted == 0:
             self._continue_at = None
             return
-        counts = self._counts[self._last]
-        counts[0] += accepted
-        counts[1] += int(accepted < drafted)
+        self._counts[self._last][0 if accepted else 1] += 1
+        if accepted:
+            cont = self._counts["continue"]
+            cont[0] += accepted - 1
+            cont[1] += int(accepted < drafted)
         self._continue_at = source_start + accepted if accepted >= drafted else None
 
 
@@ -304,7 +314,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         num_draft_tokens: ``K``, the most tokens drafted per step.
         cost: the measured verification cost curve; with it ``K`` adapts per step (:class:`DraftLength`), without
             it every draft has ``K`` tokens.
-        priors: :class:`DraftLength`'s prior acceptance of a fresh occurrence and of a running copy.
+        priors: :class:`DraftLength`'s prior hit rates (fresh occurrence, running copy) and continuation rate.
         hidden_size / max_length: size the incremental hidden-state store (PLD+(h)).
         layer: hidden-state index ``l`` (PLD+(h)).
         heads: ``{layer: head indices}`` of the induction heads (PLD+(a)).
@@ -328,7 +338,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         eos_token_id: torch.Tensor | None = None,
         min_score: float | None = None,
         cost: CostCurve | None = None,
-        priors: tuple[float, float] = DEFAULT_PRIORS,
+        priors: tuple[float, float, float] = DEFAULT_PRIORS,
     ):
         if variant not in ("hidden", "attention"):
             raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {variant!r}")
@@ -500,7 +510,7 @@ def pld_plus(
     pld_top_heads: int | None = None,
     pld_min_score: float | None = None,
     pld_cost: CostCurve | None = None,
-    pld_priors: tuple[float, float] | None = None,
+    pld_priors: tuple[float, float, float] | None = None,
     pld_return_attribution: bool = False,
     pld_streamer=None,
     **model_kwargs,
@@ -517,7 +527,7 @@ def pld_plus(
         pld_max_num_tokens: adaptive mode's largest ``K`` (default :data:`DEFAULT_MAX_TOKENS`).
         pld_cost: adaptive mode's verification cost curve (:class:`~hf_specdec.verify_cost.CostCurve`); default:
             measured once on this machine (a dozen timed forwards on the first call, then cached on the model).
-        pld_priors: adaptive mode's prior acceptance of a fresh occurrence and of a running copy
+        pld_priors: adaptive mode's prior hit rates of a fresh occurrence and of a running copy, and continuation rate
             (default :data:`DEFAULT_PRIORS`, from the summarize tuning).
         pld_layer: PLD+(h)'s hidden-state index ``l`` (default: :data:`DEFAULT_LAYER_FRACTION` of the depth).
         pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the default
@@ -535,6 +545,11 @@ def pld_plus(
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
     if input_ids.shape[0] != 1:
         raise SpecDecError("PLD+ (like transformers' assisted decoding) generates for one sequence at a time")
+    if pld_priors is not None and len(tuple(pld_priors)) != 3:
+        raise SpecDecError(
+            "pld_priors takes three probabilities: the hit rate of a fresh occurrence, of a running copy, and the "
+            f"continuation rate (default {DEFAULT_PRIORS}); got {pld_priors!r}"
+        )
     if pld_streamer is not None:
         pld_streamer.put(input_ids.cpu())  # what generate does with its own streamer before decoding
         streamer = pld_streamer

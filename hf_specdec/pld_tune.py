@@ -44,7 +44,7 @@ def replay(
     eos: set[int],
     max_len: int,
     cost: CostCurve | None = None,
-    priors: tuple[float, float] = DEFAULT_PRIORS,
+    priors: tuple[float, float, float] = DEFAULT_PRIORS,
 ) -> Replay:
     """Replay one greedy PLD-style generation of ``seq[start:]``; ``rank(ids)`` returns the draft's source ``j``
     (the draft is ``ids[j+1 : j+1+K]``, ``K`` from :class:`DraftLength`: fixed ``k``, or adaptive up to ``k``
@@ -154,8 +154,11 @@ def add_parser(sub) -> None:
     p.add_argument("--sweep-k", type=int, default=10, help="K while sweeping layers / heads (paper: 10)")
     p.add_argument("--ks", default="5,8,10,12,16,20,30", help="K values tried at the chosen layer / heads")
     p.add_argument("--max-k", type=int, default=64, help="adaptive K's cap (pld_max_num_tokens)")
-    p.add_argument("--fresh-priors", default="0.3,0.45,0.6,0.75", help="adaptive K: fresh-occurrence priors")
-    p.add_argument("--run-priors", default="0.8,0.9,0.95", help="adaptive K: running-copy priors")
+    p.add_argument(
+        "--fresh-priors", default="0.2,0.4,0.6", help="adaptive K: fresh-occurrence hit-rate priors"
+    )
+    p.add_argument("--run-priors", default="0.8,0.9", help="adaptive K: running-copy hit-rate priors")
+    p.add_argument("--cont-priors", default="0.8,0.85,0.9,0.95", help="adaptive K: continuation-rate priors")
     p.add_argument("--top-heads", default="1,3,5,10,20,50", help="numbers of heads swept for PLD+(a)")
     p.add_argument("--heads", default=None, help="heads file for PLD+(a) (default: the shipped one)")
     p.add_argument(
@@ -181,6 +184,7 @@ def run(args) -> int:
     layers = list(range(n_layers + 1)) if args.layers == "all" else _parse_ints(args.layers)
     ks, tops = _parse_ints(args.ks), _parse_ints(args.top_heads)
     fresh_priors, run_priors = _parse_floats(args.fresh_priors), _parse_floats(args.run_priors)
+    cont_priors = _parse_floats(args.cont_priors)
     h_thresholds, a_thresholds = _parse_floats(args.h_thresholds), _parse_floats(args.a_thresholds)
     ranked = read_heads_file(args.heads or default_heads_file(model), model=model, top=max(tops))
     capture = {}
@@ -239,7 +243,7 @@ def run(args) -> int:
 
     def row(name: str, k: int, make_rank: Callable, adaptive=None) -> tuple[float, float]:
         tau, speed = evaluate(make_rank, k, adaptive)
-        k_text = f"{k}" if adaptive is None else f"adaptive <= {k}, priors {adaptive[0]}/{adaptive[1]}"
+        k_text = f"{k}" if adaptive is None else f"adaptive <= {k}, priors {'/'.join(map(str, adaptive))}"
         lines.append(f"| {name} | {k_text} | {tau:.2f} | {speed:.2f}x |")
         return tau, speed
 
@@ -254,14 +258,15 @@ def run(args) -> int:
         }
         theta, k = max(fixed, key=fixed.get)
         adaptive = {
-            (pf, pr): row(
+            (pf, pr, pc): row(
                 f"{name}, min_score={theta}",
                 args.max_k,
                 lambda u, a, o: make_rank(u, a, o, theta),
-                (pf, pr),
+                (pf, pr, pc),
             )[1]
             for pf in fresh_priors
             for pr in run_priors
+            for pc in cont_priors
         }
         priors = max(adaptive, key=adaptive.get)
         return theta, k, priors

@@ -152,29 +152,45 @@ def test_fixed_draft_length_is_k_within_budget():
 def test_adaptive_draft_length_follows_cost_and_acceptance():
     from hf_specdec.verify_cost import CostCurve
 
-    def best_k(a: float, slope: float, cap: int = 64) -> int:  # brute force of argmax E(K) / c(K + 1)
-        gains = {k: sum(a**i for i in range(k + 1)) / (1 + slope * k) for k in range(cap + 1)}
+    def best_k(
+        h: float, a: float, slope: float, cap: int = 64
+    ) -> int:  # brute force of argmax E(K) / c(K + 1)
+        gains = {k: (1 + sum(h * a**i for i in range(k))) / (1 + slope * k) for k in range(cap + 1)}
         return max(gains, key=gains.get)
 
     cheap, dear = CostCurve.linear(0.02), CostCurve.linear(0.15)
     for cost, slope in ((cheap, 0.02), (dear, 0.15)):
-        lengths = pld_module.DraftLength(64, cost, 0.6, 0.9, weight=1e9)  # priors frozen
-        assert lengths.for_source(7) == best_k(0.6, slope)
-    assert pld_module.DraftLength(64, cheap, 0.6, 0.9).for_source(7) > pld_module.DraftLength(
-        64, dear, 0.6, 0.9
+        for h, a in ((0.6, 0.6), (0.4, 0.9), (0.9, 0.95)):
+            lengths = pld_module.DraftLength(64, cost, h, 0.9, a, weight=1e9)  # priors frozen
+            assert lengths.for_source(7) == best_k(h, a, slope)
+    assert pld_module.DraftLength(64, cheap, 0.6, 0.9, 0.85).for_source(7) > pld_module.DraftLength(
+        64, dear, 0.6, 0.9, 0.85
     ).for_source(7)  # a cheaper verification drafts more
-    assert pld_module.DraftLength(64, dear, 0.05, 0.9).for_source(7) == 0  # not worth a draft: plain step
+    assert (
+        pld_module.DraftLength(64, dear, 0.05, 0.9, 0.85).for_source(7) == 0
+    )  # not worth a draft: plain step
 
-    lengths = pld_module.DraftLength(64, dear, 0.6, 0.9, weight=4)
+    lengths = pld_module.DraftLength(64, dear, 0.4, 0.9, 0.85, weight=4)
     fresh = lengths.for_source(10)
     lengths.update(11, drafted=fresh, accepted=fresh)  # fully accepted: the copy continues at 11 + fresh
+    assert lengths.acceptance("continue") > 0.85  # fresh - 1 later tokens accepted, none rejected
     running = lengths.for_source(11 + fresh)
     assert running > lengths.for_source(12) >= fresh  # only the continuing occurrence counts as a run
-    # fresh drafts keep being rejected at once: their estimate sinks, drafts shrink to none
+    # fresh drafts keep being rejected at once: their hit rate sinks, drafts shrink to none; the continuation rate
+    # (never tried) stays where it was
+    cont = lengths.acceptance("continue")
     for _ in range(40):
         k = lengths.for_source(3)
         lengths.update(4, drafted=k, accepted=0)
     assert lengths.acceptance("fresh") < 0.15 and lengths.for_source(3) == 0
+    assert lengths.acceptance("continue") == cont
+    # a draft accepted for 2 of 6 tokens: one hit, one later token accepted, one rejected
+    lengths = pld_module.DraftLength(64, dear, 0.5, 0.9, 0.5, weight=1e-9)
+    lengths.for_source(3)
+    lengths.update(4, drafted=6, accepted=2)
+    assert lengths.acceptance("fresh") == pytest.approx(1.0) and lengths.acceptance(
+        "continue"
+    ) == pytest.approx(0.5)
     lengths.update(None, drafted=0, accepted=0)
 
 
@@ -450,6 +466,8 @@ def test_bad_heads_files_and_layers_give_clear_errors(tmp_path):
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_variant="attention")
     with pytest.raises(SpecDecError, match="pld_variant"):
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_variant="magic")
+    with pytest.raises(SpecDecError, match="three probabilities"):  # the old two-prior form
+        model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_priors=(0.6, 0.9))
 
 
 def test_find_heads_cli_rejects_an_unknown_task(tmp_path, capsys):
