@@ -274,3 +274,26 @@ def test_real_target_chain_and_pct_are_lossless(real_target):
     assert torch.equal(target.generate(**kw, assistant_model=edd), ref)
     proposer = EddTreeProposer(edd, "pct")
     assert torch.equal(target.generate(**kw, custom_generate=tree_generate, proposer=proposer), ref)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_shipped_checkpoint_loads_with_auto_class_and_is_lossless(real_target):
+    """The trained EDD shipped in the package (reduced draft vocabulary) loads through AutoModelForCausalLM,
+    belongs to the default target, and its chain and PCT outputs equal plain greedy decoding."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.bench.edd_methods import PACKAGED
+    from hf_specdec.edd_generation import EddTreeProposer
+    from hf_specdec.tree_decoding import tree_generate
+
+    target, tok = real_target
+    edd = AutoModelForCausalLM.from_pretrained(PACKAGED).eval()
+    assert isinstance(edd, EddForCausalLM) and edd.config.draft_vocab_size == len(edd.draft_vocab_ids) == 8192
+    edd.attach_target(target)
+    ids = tok("def fibonacci(n):\n    ", return_tensors="pt").input_ids
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    ref = target.generate(**kw)
+    assert torch.equal(target.generate(**kw, assistant_model=edd), ref)
+    proposer = EddTreeProposer(edd, "pct")
+    assert torch.equal(target.generate(**kw, custom_generate=tree_generate, proposer=proposer), ref)
