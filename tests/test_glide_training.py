@@ -39,3 +39,21 @@ def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
     after = trainer.evaluate()["eval_loss"]
     assert after < before - 0.1, (before, after)
     assert all(not p.requires_grad for p in model.parameters())  # the target stayed frozen
+
+
+def test_stop_at_step_stops_and_saves():
+    from types import SimpleNamespace
+
+    from hf_specdec.trainers.drafter_trainer import TimeLimitCallback
+    from transformers import TrainerControl
+
+    cb = TimeLimitCallback(None, stop_at_step=3)
+    cb.on_train_begin(None, None, TrainerControl())
+    for step, stops in ((1, False), (2, False), (3, True)):
+        control = cb.on_step_end(None, SimpleNamespace(global_step=step), TrainerControl())
+        assert control.should_training_stop == stops and control.should_save == stops
+    never = TimeLimitCallback(None)  # neither limit set: never stops
+    never.on_train_begin(None, None, TrainerControl())
+    assert not never.on_step_end(
+        None, SimpleNamespace(global_step=10**6), TrainerControl()
+    ).should_training_stop

@@ -124,17 +124,21 @@ def _stack_collator(rows: list[dict]) -> dict:
 
 
 class TimeLimitCallback(TrainerCallback):
-    """Stop (and save) once training has run ``max_seconds`` of wall time in this process."""
+    """Stop (and save) once training has run ``max_seconds`` of wall time in this process, or at optimizer step
+    ``stop_at_step``; the learning-rate schedule stays the one of ``max_steps`` (so a run stopped at step N matches
+    another run's state at step N: equal-budget ablations)."""
 
-    def __init__(self, max_seconds: float | None):
+    def __init__(self, max_seconds: float | None, stop_at_step: int | None = None):
         self.max_seconds = max_seconds
+        self.stop_at_step = stop_at_step
         self.start = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.max_seconds and time.perf_counter() - self.start > self.max_seconds:
+        timed_out = self.max_seconds and time.perf_counter() - self.start > self.max_seconds
+        if timed_out or (self.stop_at_step and state.global_step >= self.stop_at_step):
             control.should_training_stop = True
             control.should_save = True
         return control

@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-steps", type=int, default=50)
     p.add_argument("--logging-steps", type=int, default=5)
     p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
+    p.add_argument(
+        "--stop-at-step",
+        type=int,
+        default=None,
+        help="stop (and save) at this step, keeping the lr schedule of --max-steps (equal-budget ablations)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     p.add_argument("--seed", type=int, default=0)
 
@@ -198,7 +204,7 @@ def run(args) -> int:
         eval_dataset=valid,
         target=target,
         kl_weight=args.kl_weight,
-        callbacks=[TimeLimitCallback(args.max_minutes * 60 if args.max_minutes else None)],
+        callbacks=[TimeLimitCallback(args.max_minutes * 60 if args.max_minutes else None, args.stop_at_step)],
     )
     resume = None
     if args.resume:
