@@ -59,8 +59,8 @@ VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "a
 # below, the top 10 heads, and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a
 # verification forward costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
 DEFAULT_MAX_TOKENS = 64  # adaptive mode's cap on K (DraftLength)
-DEFAULT_PRIORS = (0.4, 0.9, 0.85)  # DraftLength's prior hit rate of a fresh occurrence / a running copy, and
-# continuation rate
+# DraftLength's priors: hit rate of a fresh occurrence, hit rate of a running copy, continuation rate
+DEFAULT_PRIORS = (0.4, 0.9, 0.85)
 DEFAULT_LAYER_FRACTION = 14 / 30
 DEFAULT_TOP_HEADS = 10
 DEFAULT_MIN_SCORE = {"hidden": 0.8, "attention": 0.2}

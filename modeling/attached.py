@@ -91,10 +91,6 @@ class TargetAttachedMixin:
         else:
             self.draft_vocab_ids = None
 
-    @property
-    def draft_vocab_size(self) -> int:
-        return getattr(self.config, "draft_vocab_size", None) or self.config.vocab_size
-
     def set_draft_vocab(self, token_ids) -> None:
         """Keep only the LM-head rows of ``token_ids`` (any order, no repeats); works on a trained drafter too."""
         ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values

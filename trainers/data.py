@@ -101,9 +101,9 @@ def packed_dataset(
     return Dataset.from_list(list(itertools.islice(rows, limit)))
 
 
-def frequent_tokens(dataset, size: int, always: list[int]) -> torch.Tensor:
+def frequent_tokens(dataset, size: int, always: list[int]) -> tuple[torch.Tensor, Counter]:
     """The ``size`` most frequent supervised tokens of ``dataset`` (plus the ``always`` ids; then any tokens of the
-    inputs, then the lowest ids, if the data has fewer distinct tokens)."""
+    inputs, then the lowest ids, if the data has fewer distinct tokens), sorted, and the supervised token counts."""
     counts: Counter = Counter()
     inputs: Counter = Counter()
     for row in dataset:

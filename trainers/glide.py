@@ -165,7 +165,6 @@ def run(args) -> int:
         num_hidden_layers=args.layers,
         cross_attention=not args.no_cross_attention,
         target_layers=target_layers,
-        draft_vocab_size=args.draft_vocab or None,
         block_size=args.mask_block,
     )
     drafter = GlideForCausalLM(config).to(target.dtype)
