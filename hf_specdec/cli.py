@@ -17,6 +17,7 @@ COMMANDS = [
     "hf_specdec.train_cli",
     "hf_specdec.induction_heads",
     "hf_specdec.pld_tune",
+    "hf_specdec.tree_replay",
 ]
 
 

@@ -253,7 +253,7 @@ class EddTreeProposer(TreeProposer):
         self.state: EddDraftState | None = None
 
     @torch.no_grad()
-    def _calibrate(self, model, input_ids: torch.Tensor) -> None:
+    def calibrate(self, model, input_ids: torch.Tensor) -> None:
         """First estimates of s_d and s_t on this machine: timed forwards over a short slice of the prompt."""
         ids = input_ids[:, -8:]
         model(input_ids=ids)  # warm-up
@@ -273,7 +273,7 @@ class EddTreeProposer(TreeProposer):
         if self.edd.target is not model:
             self.edd.attach_target(model)
         if not self.calibrated and self.timer.fixed_ratio is None and self.builder == "pct":
-            self._calibrate(model, input_ids)
+            self.calibrate(model, input_ids)
         self.state = EddDraftState(self.edd)
         self._t_proposed = None
 
@@ -290,15 +290,17 @@ class EddTreeProposer(TreeProposer):
         if depth <= 0:
             self._t_proposed = time.perf_counter()
             return TokenTree.empty(input_ids.device)
-        expander = EddTreeExpander(self.state, input_ids, self.timer)
-        if self.builder == "pct":
-            grown = grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)
-        elif self.builder == "vct":
-            grown = grow_fixed(expander, self.width, depth)
-        elif self.builder == "eagle2":
-            grown = grow_eagle2(expander, self.width, depth, self.total_tokens)
-        else:
-            grown = grow_fixed(expander, 1, depth)
+        grown = self.grow(EddTreeExpander(self.state, input_ids, self.timer), depth)
         self.last_tree = grown
         self._t_proposed = time.perf_counter()
         return grown.token_tree(input_ids.device)
+
+    def grow(self, expander, depth: int) -> GrownTree:
+        """This proposer's tree (``builder`` and its settings) from ``expander``, at most ``depth`` deep."""
+        if self.builder == "pct":
+            return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)
+        if self.builder == "vct":
+            return grow_fixed(expander, self.width, depth)
+        if self.builder == "eagle2":
+            return grow_eagle2(expander, self.width, depth, self.total_tokens)
+        return grow_fixed(expander, 1, depth)

@@ -182,3 +182,42 @@ def test_edd_tree_step_matches_chain_computation(target_and_edd):
         x = torch.cat([h, edd.embed(torch.cat([ids[:, -1:], torch.tensor([path])], dim=1))], dim=1)
         ref = edd.draft_logits(edd.decode(x, torch.arange(x.shape[1])[None])[:, -1]).softmax(-1)[0]
     torch.testing.assert_close(probs_tree, ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("builder", ["pct", "vct", "chain"])
+def test_tree_replay_equals_tree_decoding(target_and_edd, builder):
+    """`hf-specdec tree-replay` reproduces tree_generate's target forwards and verified nodes exactly (greedy)."""
+    from hf_specdec.edd_generation import EddTreeProposer
+    from hf_specdec.stats import DecodeStats
+    from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.tree_replay import replay_tree
+
+    target, edd = target_and_edd
+    kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    proposer = EddTreeProposer(edd, builder, ratio=0.1 if builder == "pct" else None)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        ids = torch.randint(3, 90, (1, 8))
+        stats = DecodeStats()
+        out = target.generate(ids, custom_generate=tree_generate, proposer=proposer, stats=stats, **kw)
+        with torch.no_grad():
+            states = target(out, output_hidden_states=True).hidden_states[edd.config.encoder_layer]
+        r = replay_tree(proposer, out[0], ids.shape[1], states, ids.shape[1] + 24)
+        assert (r.new_tokens, r.forwards, r.nodes) == (stats.new_tokens, stats.target_forwards, stats.drafted)
+        assert r.forwards < 24
+
+
+def test_accepted_length_follows_the_matching_path():
+    from hf_specdec.tree_replay import accepted_length
+
+    tree = GrownTree()
+    a = tree.add(5, ROOT, 0.5)
+    tree.add(6, ROOT, 0.3)
+    b = tree.add(7, a, 0.5)
+    tree.add(8, a, 0.4)
+    tree.add(9, b, 0.9)
+    assert accepted_length(tree, [5, 7, 9, 1]) == 3
+    assert accepted_length(tree, [5, 8, 9]) == 2
+    assert accepted_length(tree, [6, 7]) == 1
+    assert accepted_length(tree, [4]) == 0
+    assert accepted_length(tree, [5, 7]) == 2  # the reference ends inside the tree
