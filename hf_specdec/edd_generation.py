@@ -189,10 +189,12 @@ class EddCandidateGenerator(CandidateGenerator):
 
 
 class EddTreeExpander:
-    """``pct.Expander`` on an EDD drafter: one EDD forward per call, probabilities over the full vocabulary."""
+    """``pct.Expander`` on an EDD drafter: one EDD forward per call, probabilities over the drafter's vocabulary
+    (its reduced draft vocabulary if it has one: ``token_ids`` maps columns to token ids)."""
 
     def __init__(self, state: EddDraftState, input_ids: torch.Tensor, timer: StepTimer | None = None):
         self.state, self.input_ids, self.timer = state, input_ids, timer
+        self.token_ids = state.edd.draft_vocab_ids
 
     def expand(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -201,7 +203,7 @@ class EddTreeExpander:
         else:
             hidden = self.state.tree_step(nodes, tree)
         edd = self.state.edd
-        probs = edd.to_full_vocab(edd.draft_logits(hidden).float()).softmax(-1)
+        probs = edd.draft_logits(hidden).float().softmax(-1)
         if self.timer is not None:
             self.timer.draft(time.perf_counter() - t0)
         return probs

@@ -98,16 +98,23 @@ class GrownTree:
 
 
 class Expander(Protocol):
-    """The drafter seen by the tree builders."""
+    """The drafter seen by the tree builders. ``token_ids``: the token id of each probability column (a drafter
+    with a reduced draft vocabulary), or ``None`` when column ``i`` is token ``i``."""
+
+    token_ids: torch.Tensor | None
 
     def expand(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
         """``(len(nodes), vocab)`` next-token probabilities at each of ``nodes`` (``-1`` = the root)."""
         ...
 
 
-def _top_children(probs: torch.Tensor, width: int) -> tuple[list[list[int]], list[list[float]]]:
+def _top_children(
+    probs: torch.Tensor, width: int, token_ids: torch.Tensor | None = None
+) -> tuple[list[list[int]], list[list[float]]]:
     k = min(width, probs.shape[-1])
     values, indices = probs.float().topk(k, dim=-1)
+    if token_ids is not None:
+        indices = token_ids.to(indices.device)[indices]
     return indices.tolist(), values.tolist()
 
 
@@ -128,7 +135,7 @@ def grow_pct(
             break
         probs = expander.expand(frontier, tree)
         tree.expansions += 1
-        tokens, confs = _top_children(probs, width)
+        tokens, confs = _top_children(probs, width, getattr(expander, "token_ids", None))
         new = [
             tree.add(t, parent, c) for parent, ts, cs in zip(frontier, tokens, confs) for t, c in zip(ts, cs)
         ]
@@ -145,7 +152,7 @@ def grow_fixed(expander: Expander, width: int = VCT_WIDTH, depth: int = VCT_DEPT
     for _ in range(depth):
         probs = expander.expand(frontier, tree)
         tree.expansions += 1
-        tokens, confs = _top_children(probs, width)
+        tokens, confs = _top_children(probs, width, getattr(expander, "token_ids", None))
         frontier = [
             tree.add(t, parent, c) for parent, ts, cs in zip(frontier, tokens, confs) for t, c in zip(ts, cs)
         ]
@@ -161,7 +168,7 @@ def grow_eagle2(
     for _ in range(depth):
         probs = expander.expand(frontier, tree)
         tree.expansions += 1
-        tokens, confs = _top_children(probs, topk)
+        tokens, confs = _top_children(probs, topk, getattr(expander, "token_ids", None))
         layer = [
             tree.add(t, parent, c) for parent, ts, cs in zip(frontier, tokens, confs) for t, c in zip(ts, cs)
         ]

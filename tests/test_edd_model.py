@@ -248,6 +248,28 @@ def test_reduced_draft_vocab_restricts_drafts_round_trips_and_stays_lossless(tmp
     assert torch.equal(target.generate(ids, assistant_model=loaded, **kw), ref)
     proposer = EddTreeProposer(loaded, "pct", ratio=0.05)
     assert torch.equal(target.generate(ids, custom_generate=tree_generate, proposer=proposer, **kw), ref)
+    assert set(proposer.last_tree.tokens) <= set(keep.tolist())
+    # trees built over the draft vocabulary (columns mapped to ids) == trees over full-vocabulary probabilities
+    from hf_specdec.edd_generation import EddDraftState, EddTreeExpander
+    from hf_specdec.pct import grow_fixed
+
+    class FullVocab(EddTreeExpander):
+        def expand(self, nodes, tree):
+            probs = super().expand(nodes, tree)
+            return torch.zeros(len(nodes), 97).index_copy_(-1, keep, probs)
+
+    trees = []
+    for expander in (EddTreeExpander, FullVocab):
+        state = EddDraftState(loaded)
+        with torch.no_grad():
+            state.push_hidden(
+                target(ids[:, :-1], output_hidden_states=True).hidden_states[loaded.config.encoder_layer]
+            )
+            exp = expander(state, ids)
+            exp.token_ids = keep if expander is EddTreeExpander else None
+            grown = grow_fixed(exp, width=3, depth=2)
+        trees.append((grown.tokens, grown.parents, grown.confidence))
+    assert trees[0] == trees[1] and set(trees[0][0]) <= set(keep.tolist())
     for bad in ([], [3, 3], [-1, 4], [5, 10**6]):
         with pytest.raises(SpecDecError, match="draft vocabulary"):
             loaded.set_draft_vocab(bad)
