@@ -173,7 +173,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from .induction_heads import default_heads_file, read_heads_file
     from .pld_plus_generation import capture_selected_attention
-    from .target import load_target
+    from .target import greedy_output, load_target
     from .tasks import load_task
 
     model, tokenizer = load_target(args.model, args.dtype)
@@ -195,12 +195,7 @@ def run(args) -> int:
     samples = []  # (seq, start, unit hidden states per layer, (heads, rows, keys) attention in ranked order)
     for row in ds:
         prompt = tokenizer(row["prompt"], return_tensors="pt").input_ids
-        seq = model.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=args.max_new_tokens,
-            do_sample=False,
-        )[0]
+        seq = greedy_output(model, prompt, args.max_new_tokens)
         start = prompt.shape[1]
         rows = seq.shape[0] - start + 1
         with torch.no_grad(), capture_selected_attention(model, capture, last_rows=rows):

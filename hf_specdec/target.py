@@ -108,6 +108,15 @@ def load_default_target(dtype: str | torch.dtype = "bf16") -> tuple[PreTrainedMo
     return load_target(None, dtype)
 
 
+@torch.no_grad()
+def greedy_output(model: PreTrainedModel, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Plain greedy ``generate`` of one (1, n) prompt: prompt + new tokens as a 1-D tensor (the reference that greedy
+    speculative decoding must reproduce; the replay commands build on it)."""
+    return model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False
+    )[0]
+
+
 def target_fingerprint(model: PreTrainedModel) -> dict:
     """What a drafter records about the target it belongs to; compared on load (see ``check_fingerprint``)."""
     cfg = model.config

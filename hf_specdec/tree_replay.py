@@ -135,7 +135,7 @@ def run(args) -> int:
     from .bench.edd_methods import find_edd_checkpoint
     from .edd_generation import EddTreeProposer
     from .modeling import EddForCausalLM
-    from .target import load_target
+    from .target import greedy_output, load_target
     from .tasks import load_task
 
     model, tokenizer = load_target(args.model, "fp32")
@@ -156,13 +156,8 @@ def run(args) -> int:
     for task, ds in data.items():
         for row in ds:
             prompt = tokenizer(row["prompt"], return_tensors="pt").input_ids
+            seq = greedy_output(model, prompt, args.max_new_tokens)
             with torch.no_grad():
-                seq = model.generate(
-                    prompt,
-                    attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=args.max_new_tokens,
-                    do_sample=False,
-                )[0]
                 hidden = model(seq[None], output_hidden_states=True, logits_to_keep=1).hidden_states
             states = hidden[edd.config.encoder_layer]
             start = prompt.shape[1]

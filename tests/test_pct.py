@@ -138,10 +138,13 @@ def target_and_edd():
 
 
 @pytest.mark.parametrize("builder", ["pct", "vct", "eagle2", "chain"])
-def test_edd_trees_are_lossless_greedy(target_and_edd, builder):
+def test_edd_trees_are_lossless_greedy_and_replay_exactly(target_and_edd, builder):
+    """Each EDD tree gives plain greedy's tokens, and `hf-specdec tree-replay` reproduces its target forwards and
+    verified nodes exactly."""
     from hf_specdec.edd_generation import EddTreeProposer
     from hf_specdec.stats import DecodeStats
     from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.tree_replay import replay_tree
 
     target, edd = target_and_edd
     kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
@@ -154,6 +157,10 @@ def test_edd_trees_are_lossless_greedy(target_and_edd, builder):
         assert torch.equal(out, target.generate(ids, **kw))
         assert stats.target_forwards < 24  # drafts were accepted
         assert stats.drafted > 0
+        with torch.no_grad():
+            states = target(out, output_hidden_states=True).hidden_states[edd.config.encoder_layer]
+        r = replay_tree(proposer, out[0], ids.shape[1], states, ids.shape[1] + 24)
+        assert (r.new_tokens, r.forwards, r.nodes) == (stats.new_tokens, stats.target_forwards, stats.drafted)
 
 
 def test_edd_tree_step_matches_chain_computation(target_and_edd):
@@ -182,29 +189,6 @@ def test_edd_tree_step_matches_chain_computation(target_and_edd):
         x = torch.cat([h, edd.embed(torch.cat([ids[:, -1:], torch.tensor([path])], dim=1))], dim=1)
         ref = edd.draft_logits(edd.decode(x, torch.arange(x.shape[1])[None])[:, -1]).softmax(-1)[0]
     torch.testing.assert_close(probs_tree, ref, rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.parametrize("builder", ["pct", "vct", "chain"])
-def test_tree_replay_equals_tree_decoding(target_and_edd, builder):
-    """`hf-specdec tree-replay` reproduces tree_generate's target forwards and verified nodes exactly (greedy)."""
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.stats import DecodeStats
-    from hf_specdec.tree_decoding import tree_generate
-    from hf_specdec.tree_replay import replay_tree
-
-    target, edd = target_and_edd
-    kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
-    proposer = EddTreeProposer(edd, builder, ratio=0.1 if builder == "pct" else None)
-    for seed in range(2):
-        torch.manual_seed(seed)
-        ids = torch.randint(3, 90, (1, 8))
-        stats = DecodeStats()
-        out = target.generate(ids, custom_generate=tree_generate, proposer=proposer, stats=stats, **kw)
-        with torch.no_grad():
-            states = target(out, output_hidden_states=True).hidden_states[edd.config.encoder_layer]
-        r = replay_tree(proposer, out[0], ids.shape[1], states, ids.shape[1] + 24)
-        assert (r.new_tokens, r.forwards, r.nodes) == (stats.new_tokens, stats.target_forwards, stats.drafted)
-        assert r.forwards < 24
 
 
 def test_accepted_length_follows_the_matching_path():
