@@ -94,12 +94,14 @@ def replay_tree(
 
 
 def _builders(args) -> list[tuple[str, dict]]:
+    from .pld_tune import _parse_floats, _parse_ints
+
     rows = []
     for name in args.builders.split(","):
         name = name.strip()
         if name == "pct":
-            for removal in (float(x) for x in args.removals.split(",")):
-                for width in (int(x) for x in args.widths.split(",")):
+            for removal in _parse_floats(args.removals):
+                for width in _parse_ints(args.widths):
                     rows.append((f"pct w{width} r{removal:g}", dict(width=width, removal_threshold=removal)))
         elif name:
             rows.append((name, {}))
@@ -138,11 +140,16 @@ def run(args) -> int:
     from .target import greedy_output, load_target
     from .tasks import load_task
 
+    builders = _builders(args)  # bad lists and unknown builders fail before anything loads
+    for name, _ in builders:
+        EddTreeProposer(None, name.split()[0])
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    for task in tasks:
+        load_task(task, None, args.limit)
     model, tokenizer = load_target(args.model, "fp32")
     edd = EddForCausalLM.from_pretrained(find_edd_checkpoint(args.drafter), target=model).eval()
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     data = {t: load_task(t, tokenizer, args.limit) for t in tasks}
-    proposers = {name: EddTreeProposer(edd, name.split()[0], **kw) for name, kw in _builders(args)}
+    proposers = {name: EddTreeProposer(edd, name.split()[0], **kw) for name, kw in builders}
     ratio = args.ratio
     if ratio is None:
         probe = EddTreeProposer(edd, "pct")

@@ -205,3 +205,23 @@ def test_accepted_length_follows_the_matching_path():
     assert accepted_length(tree, [6, 7]) == 1
     assert accepted_length(tree, [4]) == 0
     assert accepted_length(tree, [5, 7]) == 2  # the reference ends inside the tree
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--builders", "pct,foo"], "unknown EDD tree builder 'foo'"),
+        (["--widths", "5,x"], "comma-separated list of numbers"),
+        (["--tasks", "nope"], "unknown task 'nope'"),
+    ],
+)
+def test_tree_replay_bad_arguments_fail_before_loading(monkeypatch, capsys, argv, message):
+    import hf_specdec.target
+    from hf_specdec.cli import main
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded a model before checking the arguments")
+
+    monkeypatch.setattr(hf_specdec.target, "load_target", no_loading)
+    assert main(["tree-replay", *argv]) == 2
+    assert message in capsys.readouterr().err
