@@ -133,6 +133,11 @@ class TimeLimitCallback(TrainerCallback):
         self.stop_at_step = stop_at_step
         self.start = None
 
+    @classmethod
+    def from_args(cls, args) -> TimeLimitCallback:
+        """From the trainers' ``--max-minutes`` and ``--stop-at-step`` (``trainers/run_options.py``)."""
+        return cls(args.max_minutes * 60 if args.max_minutes else None, args.stop_at_step)
+
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.perf_counter()
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from hf_specdec.trainers.run_options import add_job_arguments, add_run_arguments
 
 from hf_specdec.errors import SpecDecError
 
@@ -23,15 +24,7 @@ DEFAULT_VANILLA_DIR = "runs/vanilla-smollm2"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target", default=None, help="target model folder or cached Hub id (default: SmolLM2-135M)"
-    )
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--output-dir", required=True, help="where checkpoints, curve and the final drafter go")
-    p.add_argument("--max-steps", type=int, default=300)
-    p.add_argument(
-        "--max-minutes", type=float, default=None, help="stop (and save) after this much wall time"
-    )
+    add_job_arguments(p)
     p.add_argument("--block-size", type=int, default=256, help="packed sequence length")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--grad-accum", type=int, default=1)
@@ -51,18 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--init", choices=["target", "random"], default="target", help="warm start from target layers"
     )
     p.add_argument("--eval-blocks", type=int, default=24, help="validation blocks")
-    p.add_argument("--eval-steps", type=int, default=50)
-    p.add_argument("--save-steps", type=int, default=50)
-    p.add_argument("--logging-steps", type=int, default=5)
-    p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
-    p.add_argument(
-        "--stop-at-step",
-        type=int,
-        default=None,
-        help="stop (and save) at this step, keeping the lr schedule of --max-steps (equal-budget ablations)",
-    )
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
-    p.add_argument("--seed", type=int, default=0)
+    add_run_arguments(p)
 
 
 def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
@@ -203,7 +185,7 @@ def run(args) -> int:
         eval_dataset=valid,
         target=target,
         kl_weight=args.kl_weight,
-        callbacks=[TimeLimitCallback(args.max_minutes * 60 if args.max_minutes else None, args.stop_at_step)],
+        callbacks=[TimeLimitCallback.from_args(args)],
     )
     resume = None
     if args.resume:

@@ -1,0 +1,38 @@
+"""Command-line options shared by the drafter trainers (``hf-specdec train glide`` and ``train edd``).
+
+Kept apart from ``drafter_trainer.py`` so that building the CLI parser does not import ``transformers.Trainer``.
+Each trainer adds ``add_job_arguments`` first, its own options, then ``add_run_arguments``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """Which target, where the output goes, and how long to train."""
+    p.add_argument(
+        "--target", default=None, help="target model folder or cached Hub id (default: SmolLM2-135M)"
+    )
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--output-dir", required=True, help="where checkpoints, curve and the final drafter go")
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument(
+        "--max-minutes", type=float, default=None, help="stop (and save) after this much wall time"
+    )
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Evaluation, checkpointing, logging, the model card's measurement, stopping early, resuming, seed."""
+    p.add_argument("--eval-steps", type=int, default=50)
+    p.add_argument("--save-steps", type=int, default=50)
+    p.add_argument("--logging-steps", type=int, default=5)
+    p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
+    p.add_argument(
+        "--stop-at-step",
+        type=int,
+        default=None,
+        help="stop (and save) at this step, keeping the lr schedule of --max-steps (equal-budget ablations)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    p.add_argument("--seed", type=int, default=0)
