@@ -57,3 +57,49 @@ def test_stop_at_step_stops_and_saves():
     assert not never.on_step_end(
         None, SimpleNamespace(global_step=10**6), TrainerControl()
     ).should_training_stop
+
+
+@pytest.mark.parametrize("kind", ["edd", "glide", "vanilla"])
+def test_validation_reports_the_other_context_control(tmp_path, kind):
+    """``eval_top1_other_context``: the drafter reads the target's states of another row of the batch."""
+    from datasets import Dataset
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
+    from transformers import TrainingArguments
+
+    from tests.conftest import tiny_llama
+
+    target = tiny_llama(num_hidden_layers=4)
+    torch.manual_seed(0)
+    if kind == "edd":
+        drafter = EddForCausalLM(EddConfig.for_target(target))
+    else:
+        drafter = GlideForCausalLM(GlideConfig.for_target(target, cross_attention=kind == "glide"))
+    drafter.attach_target(target).eval()
+    ids = torch.randint(3, 90, (2, 24))
+    rows = [{"input_ids": r.tolist(), "labels": r.tolist()} for r in ids]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=2,
+        report_to=[],
+        remove_unused_columns=False,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = DrafterTrainer(model=drafter, args=args, eval_dataset=Dataset.from_list(rows), target=target)
+    metrics = trainer.evaluate()
+    if kind == "vanilla":  # reads nothing from the target: no control
+        assert "eval_top1_other_context" not in metrics
+        return
+    assert 0.0 <= metrics["eval_top1_other_context"] <= 1.0
+    same = trainer.evaluate(Dataset.from_list([rows[0], rows[0]]))  # the other row is the same text
+    assert same["eval_top1_other_context"] == same["eval_top1_match"]
+    with torch.no_grad():
+        real = trainer._forward(drafter, ids, ids, need_target_logits=False)["logits"]
+        again = trainer._forward(drafter, ids, ids, need_target_logits=False, context_ids=ids.clone())[
+            "logits"
+        ]
+        other = trainer._forward(drafter, ids, ids, need_target_logits=False, context_ids=ids.roll(1, 0))[
+            "logits"
+        ]
+    torch.testing.assert_close(again, real)
+    assert not torch.allclose(other, real, atol=1e-4)

@@ -18,7 +18,10 @@ A drafter used with this trainer provides:
 
 Evaluation reports ``eval_loss`` (draft cross entropy), ``eval_kl`` and ``eval_top1_match``: how often the
 drafter's argmax equals the target's argmax on the validation tokens, the greedy acceptance rate alpha the
-drafter would have at those positions (under the same delay the training mask simulates).
+drafter would have at those positions (under the same delay the training mask simulates). For a drafter that
+reads the target, ``eval_top1_other_context`` is the same match when what it reads (GLIDE's KV cache, EDD's
+soft prompt) comes from *another* validation sequence of the batch: the gap between the two is what the
+target's information is worth to the drafter so far (zero for a drafter that has not learned to use it).
 """
 
 from __future__ import annotations
@@ -43,16 +46,30 @@ class DrafterTrainer(Trainer):
 
     # ------------------------------------------------------------------ one batch
     def _forward(
-        self, model, input_ids: torch.Tensor, labels: torch.Tensor, need_target_logits: bool
+        self,
+        model,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        need_target_logits: bool,
+        context_ids: torch.Tensor | None = None,
     ) -> dict:
+        """``context_ids`` (validation's control): what the drafter reads from the target (cache, hidden states)
+        comes from the target's pass over these instead of ``input_ids``; the target's logits stay ``input_ids``'."""
         drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
         fwd = drafter.target_forward_kwargs()
         context, target_hidden = {}, None
-        if fwd is not None or need_target_logits:
-            with torch.no_grad():
+        if context_ids is None or fwd is None:
+            context_ids = input_ids
+        out = None
+        with torch.no_grad():
+            if need_target_logits or (fwd is not None and context_ids is input_ids):
                 out = self.target.base_model(input_ids=input_ids, **(fwd or {}))
-            context = drafter.target_context(out, input_ids)
-            target_hidden = out.last_hidden_state
+                target_hidden = out.last_hidden_state
+            if fwd is not None:
+                read = (
+                    out if context_ids is input_ids else self.target.base_model(input_ids=context_ids, **fwd)
+                )
+                context = drafter.target_context(read, input_ids)
         hidden = drafter.hidden_states(input_ids, **context)
         select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
@@ -90,22 +107,32 @@ class DrafterTrainer(Trainer):
         model = self.model
         was_training = model.training
         model.eval()
-        sums = {"ce": 0.0, "kl": 0.0, "match": 0, "n": 0}
+        sums = {"ce": 0.0, "kl": 0.0, "match": 0, "n": 0, "match_other": 0, "n_other": 0}
+        drafter = self.accelerator.unwrap_model(model)
+
+        def top1(logits: torch.Tensor) -> torch.Tensor:
+            top = logits.argmax(-1)
+            return top if drafter.draft_vocab_ids is None else drafter.draft_vocab_ids[top]
+
         with torch.no_grad():
             for batch in self.get_eval_dataloader(eval_dataset):
                 batch = self._prepare_inputs(batch)
-                r = self._forward(model, batch["input_ids"], batch["labels"], need_target_logits=True)
+                ids, labels = batch["input_ids"], batch["labels"]
+                r = self._forward(model, ids, labels, need_target_logits=True)
                 if not r["n"]:
                     continue
                 ce, kl = self._losses(r)
-                drafter = self.accelerator.unwrap_model(model)
-                draft_top = r["logits"].argmax(-1)
-                if drafter.draft_vocab_ids is not None:
-                    draft_top = drafter.draft_vocab_ids[draft_top]
                 sums["ce"] += float(ce) * r["n"]
                 sums["kl"] += float(kl) * r["n"]
-                sums["match"] += int((draft_top == r["target_argmax"]).sum())
+                sums["match"] += int((top1(r["logits"]) == r["target_argmax"]).sum())
                 sums["n"] += r["n"]
+                if drafter.target_forward_kwargs() is not None and ids.shape[0] > 1:
+                    # control: the same tokens, but what the drafter reads from the target comes from the next row
+                    other = self._forward(
+                        model, ids, labels, need_target_logits=False, context_ids=ids.roll(1, 0)
+                    )
+                    sums["match_other"] += int((top1(other["logits"]) == r["target_argmax"]).sum())
+                    sums["n_other"] += r["n"]
         model.train(was_training)
         n = max(sums["n"], 1)
         metrics = {
@@ -114,6 +141,8 @@ class DrafterTrainer(Trainer):
             f"{metric_key_prefix}_top1_match": sums["match"] / n,
             f"{metric_key_prefix}_tokens": sums["n"],
         }
+        if sums["n_other"]:
+            metrics[f"{metric_key_prefix}_top1_other_context"] = sums["match_other"] / sums["n_other"]
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
