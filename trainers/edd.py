@@ -142,7 +142,9 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     ]
     footnote = (
         "tau = tokens per target forward (bonus token included), alpha = accepted / drafted tokens; top1_match = "
-        "how often EDD's argmax equals the target's on validation tokens; kl = KL(P_t || P_d) per token."
+        "how often EDD's argmax equals the target's on validation tokens; kl = KL(P_t || P_d) per token; "
+        "top1_other_context = the top-1 match with the soft prompt of another validation sequence (the gap is what "
+        "the soft prompt is worth)."
     )
     from hf_specdec.trainers.drafter_trainer import write_drafter_card
 

@@ -114,7 +114,9 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     ]
     footnote = (
         "alpha = accepted / drafted tokens, tau = tokens per target forward (bonus token included); "
-        "top1_match = how often the drafter's argmax equals the target's on validation tokens."
+        "top1_match = how often the drafter's argmax equals the target's on validation tokens; "
+        "top1_other_context = the same with the target's KV cache of another validation sequence (the gap is what "
+        "the glimpse is worth)."
     )
     from hf_specdec.trainers.drafter_trainer import write_drafter_card
 
