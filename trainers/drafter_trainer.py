@@ -127,7 +127,7 @@ class DrafterTrainer(Trainer):
                 sums["match"] += int((top1(r["logits"]) == r["target_argmax"]).sum())
                 sums["n"] += r["n"]
                 if drafter.target_forward_kwargs() is not None and ids.shape[0] > 1:
-                    # control: the same tokens, but what the drafter reads from the target comes from the next row
+                    # control: the same tokens, but what the drafter reads from the target is the previous row's
                     other = self._forward(
                         model, ids, labels, need_target_logits=False, context_ids=ids.roll(1, 0)
                     )
