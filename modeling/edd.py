@@ -227,6 +227,11 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         lo, hi = self.config.block_min, self.config.block_max
         return int(torch.randint(lo, hi + 1, ()).item())
 
+    def round_length(self) -> int:
+        """Draft positions per round in validation (the eval block length): ``DrafterTrainer`` reports the top-1
+        match at each round's first position apart."""
+        return self.config.eval_block_length
+
     def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
         if not self.config.soft_prompt:
             return {}

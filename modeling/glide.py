@@ -313,6 +313,11 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         """What the trainer asks of the frozen target: its KV cache (None for the vanilla drafter)."""
         return {"use_cache": True} if self.config.cross_attention else None
 
+    def round_length(self) -> int:
+        """L of the block-wise mask: ``DrafterTrainer`` reports the top-1 match at each block's first position apart
+        (the draft that sees the freshest target cache)."""
+        return self.config.block_size
+
     def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
         """``hidden_states`` kwargs for a training batch: the target's cache seen through the block-wise mask."""
         if not self.config.cross_attention:

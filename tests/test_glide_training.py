@@ -103,3 +103,54 @@ def test_validation_reports_the_other_context_control(tmp_path, kind):
         ]
     torch.testing.assert_close(again, real)
     assert not torch.allclose(other, real, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["edd", "glide"])
+def test_round_start_match_counts_exactly_the_first_position_of_each_later_round(tmp_path, kind):
+    from datasets import Dataset
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
+    from transformers import TrainingArguments
+
+    from tests.conftest import tiny_llama
+
+    target = tiny_llama(num_hidden_layers=4)
+    torch.manual_seed(0)
+    if kind == "edd":
+        drafter = EddForCausalLM(EddConfig.for_target(target))
+    else:
+        drafter = GlideForCausalLM(GlideConfig.for_target(target))
+    drafter.attach_target(target).eval()
+    L = drafter.round_length()
+    assert L == 5
+    ids = torch.randint(3, 90, (2, 23))
+    rows = []
+    for r in (
+        ids
+    ):  # supervise the tokens predicted from round starts j = L, 2L, ... (label index j + 1), plus j = 0
+        labels = [-100] * len(
+            r
+        )  # (the first round: no target context, not counted) and j = 3 (inside a round)
+        for j in [0, 3, *range(L, len(r) - 1, L)]:
+            labels[j + 1] = int(r[j + 1])
+        rows.append({"input_ids": r.tolist(), "labels": labels})
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=2,
+        report_to=[],
+        remove_unused_columns=False,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = DrafterTrainer(model=drafter, args=args, eval_dataset=Dataset.from_list(rows), target=target)
+    m = trainer.evaluate()
+    assert m["eval_tokens"] == 2 * 6  # j = 0, 3, 5, 10, 15, 20 in each row
+    labels = torch.tensor([row["labels"] for row in rows])
+    with torch.no_grad():
+        r = trainer._forward(drafter, ids, labels, need_target_logits=True)
+    hit = r["logits"].argmax(-1) == r["target_argmax"]
+    assert r["position"].tolist() == [0, 3, 5, 10, 15, 20] * 2
+    starts = torch.tensor([p in (5, 10, 15, 20) for p in r["position"].tolist()])
+    assert m["eval_top1_round_start"] == pytest.approx(hit[starts].float().mean().item())
+    for row in rows:  # only positions inside rounds (and the first round) supervised: no round start counted
+        row["labels"] = [tok if i in (1, 4) else -100 for i, tok in enumerate(row["labels"])]
+    assert "eval_top1_round_start" not in trainer.evaluate(Dataset.from_list(rows))

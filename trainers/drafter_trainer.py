@@ -14,7 +14,8 @@ A drafter used with this trainer provides:
 - ``target_context(target_outputs, input_ids) -> dict``: keyword arguments for ``hidden_states`` built from
   the target's outputs (caches, hidden states, training masks);
 - ``hidden_states(input_ids, **context) -> (B, T, D)``, ``draft_logits(hidden) -> (..., V_draft)``,
-  ``to_draft_ids(token_ids)`` and ``draft_vocab_ids`` (None for the full vocabulary).
+  ``to_draft_ids(token_ids)`` and ``draft_vocab_ids`` (None for the full vocabulary);
+- optionally ``round_length() -> int``: draft positions per drafting round in validation (see below).
 
 Evaluation reports ``eval_loss`` (draft cross entropy), ``eval_kl`` and ``eval_top1_match``: how often the
 drafter's argmax equals the target's argmax on the validation tokens, the greedy acceptance rate alpha the
@@ -22,6 +23,9 @@ drafter would have at those positions (under the same delay the training mask si
 reads the target, ``eval_top1_other_context`` is the same match when what it reads (GLIDE's KV cache, EDD's
 soft prompt) comes from *another* validation sequence of the batch: the gap between the two is what the
 target's information is worth to the drafter so far (zero for a drafter that has not learned to use it).
+``eval_top1_round_start`` is the match at the first position of each drafting round (``drafter.round_length()``;
+the first round, which sees no target state, left out): the draft that sees the freshest target state, where a
+drafter that reads the target gains most.
 """
 
 from __future__ import annotations
@@ -74,7 +78,8 @@ class DrafterTrainer(Trainer):
         select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
         gold = drafter.to_draft_ids(labels[:, 1:][select])
-        result = {"logits": logits, "gold": gold, "n": int(select.sum())}
+        position = torch.arange(select.shape[1], device=select.device).expand_as(select)[select]
+        result = {"logits": logits, "gold": gold, "n": int(select.sum()), "position": position}
         if target_hidden is not None and need_target_logits:
             with torch.no_grad():
                 t_logits = self.target.get_output_embeddings()(target_hidden[:, :-1][select]).float()
@@ -107,7 +112,16 @@ class DrafterTrainer(Trainer):
         model = self.model
         was_training = model.training
         model.eval()
-        sums = {"ce": 0.0, "kl": 0.0, "match": 0, "n": 0, "match_other": 0, "n_other": 0}
+        sums = {
+            "ce": 0.0,
+            "kl": 0.0,
+            "match": 0,
+            "n": 0,
+            "match_other": 0,
+            "n_other": 0,
+            "match_first": 0,
+            "n_first": 0,
+        }
         drafter = self.accelerator.unwrap_model(model)
 
         def top1(logits: torch.Tensor) -> torch.Tensor:
@@ -124,8 +138,14 @@ class DrafterTrainer(Trainer):
                 ce, kl = self._losses(r)
                 sums["ce"] += float(ce) * r["n"]
                 sums["kl"] += float(kl) * r["n"]
-                sums["match"] += int((top1(r["logits"]) == r["target_argmax"]).sum())
+                hit = top1(r["logits"]) == r["target_argmax"]
+                sums["match"] += int(hit.sum())
                 sums["n"] += r["n"]
+                L = drafter.round_length() if hasattr(drafter, "round_length") else None
+                if L:  # positions that start a drafting round after the first (which has no target context)
+                    first = (r["position"] % L == 0) & (r["position"] >= L)
+                    sums["match_first"] += int(hit[first].sum())
+                    sums["n_first"] += int(first.sum())
                 if drafter.target_forward_kwargs() is not None and ids.shape[0] > 1:
                     # control: the same tokens, but what the drafter reads from the target is the previous row's
                     other = self._forward(
@@ -141,6 +161,8 @@ class DrafterTrainer(Trainer):
             f"{metric_key_prefix}_top1_match": sums["match"] / n,
             f"{metric_key_prefix}_tokens": sums["n"],
         }
+        if sums["n_first"]:
+            metrics[f"{metric_key_prefix}_top1_round_start"] = sums["match_first"] / sums["n_first"]
         if sums["n_other"]:
             metrics[f"{metric_key_prefix}_top1_other_context"] = sums["match_other"] / sums["n_other"]
         self.log(metrics)
