@@ -59,12 +59,9 @@ def test_stop_at_step_stops_and_saves():
     ).should_training_stop
 
 
-@pytest.mark.parametrize("kind", ["edd", "glide", "vanilla"])
-def test_validation_reports_the_other_context_control(tmp_path, kind):
-    """``eval_top1_other_context``: the drafter reads the target's states of another row of the batch."""
-    from datasets import Dataset
+def _tiny_drafter(kind: str):
+    """A tiny random target and an EDD / GLIDE / vanilla drafter attached to it, in eval mode."""
     from hf_specdec.modeling import EddConfig, EddForCausalLM
-    from transformers import TrainingArguments
 
     from tests.conftest import tiny_llama
 
@@ -74,9 +71,13 @@ def test_validation_reports_the_other_context_control(tmp_path, kind):
         drafter = EddForCausalLM(EddConfig.for_target(target))
     else:
         drafter = GlideForCausalLM(GlideConfig.for_target(target, cross_attention=kind == "glide"))
-    drafter.attach_target(target).eval()
-    ids = torch.randint(3, 90, (2, 24))
-    rows = [{"input_ids": r.tolist(), "labels": r.tolist()} for r in ids]
+    return target, drafter.attach_target(target).eval()
+
+
+def _eval_trainer(tmp_path, target, drafter, rows: list[dict]) -> DrafterTrainer:
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
     args = TrainingArguments(
         output_dir=str(tmp_path),
         per_device_eval_batch_size=2,
@@ -85,7 +86,18 @@ def test_validation_reports_the_other_context_control(tmp_path, kind):
         use_cpu=True,
         disable_tqdm=True,
     )
-    trainer = DrafterTrainer(model=drafter, args=args, eval_dataset=Dataset.from_list(rows), target=target)
+    return DrafterTrainer(model=drafter, args=args, eval_dataset=Dataset.from_list(rows), target=target)
+
+
+@pytest.mark.parametrize("kind", ["edd", "glide", "vanilla"])
+def test_validation_reports_the_other_context_control(tmp_path, kind):
+    """``eval_top1_other_context``: the drafter reads the target's states of another row of the batch."""
+    from datasets import Dataset
+
+    target, drafter = _tiny_drafter(kind)
+    ids = torch.randint(3, 90, (2, 24))
+    rows = [{"input_ids": r.tolist(), "labels": r.tolist()} for r in ids]
+    trainer = _eval_trainer(tmp_path, target, drafter, rows)
     metrics = trainer.evaluate()
     if kind == "vanilla":  # reads nothing from the target: no control
         assert "eval_top1_other_context" not in metrics
@@ -108,18 +120,8 @@ def test_validation_reports_the_other_context_control(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["edd", "glide"])
 def test_round_start_match_counts_exactly_the_first_position_of_each_later_round(tmp_path, kind):
     from datasets import Dataset
-    from hf_specdec.modeling import EddConfig, EddForCausalLM
-    from transformers import TrainingArguments
 
-    from tests.conftest import tiny_llama
-
-    target = tiny_llama(num_hidden_layers=4)
-    torch.manual_seed(0)
-    if kind == "edd":
-        drafter = EddForCausalLM(EddConfig.for_target(target))
-    else:
-        drafter = GlideForCausalLM(GlideConfig.for_target(target))
-    drafter.attach_target(target).eval()
+    target, drafter = _tiny_drafter(kind)
     L = drafter.round_length()
     assert L == 5
     ids = torch.randint(3, 90, (2, 23))
@@ -133,15 +135,7 @@ def test_round_start_match_counts_exactly_the_first_position_of_each_later_round
         for j in [0, 3, *range(L, len(r) - 1, L)]:
             labels[j + 1] = int(r[j + 1])
         rows.append({"input_ids": r.tolist(), "labels": labels})
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_eval_batch_size=2,
-        report_to=[],
-        remove_unused_columns=False,
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    trainer = DrafterTrainer(model=drafter, args=args, eval_dataset=Dataset.from_list(rows), target=target)
+    trainer = _eval_trainer(tmp_path, target, drafter, rows)
     m = trainer.evaluate()
     assert m["eval_tokens"] == 2 * 6  # j = 0, 3, 5, 10, 15, 20 in each row
     labels = torch.tensor([row["labels"] for row in rows])
