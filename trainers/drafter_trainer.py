@@ -62,24 +62,18 @@ class DrafterTrainer(Trainer):
         drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
         fwd = drafter.target_forward_kwargs()
         context, target_hidden = {}, None
-        if context_ids is None or fwd is None:
-            context_ids = input_ids
-        out = None
         with torch.no_grad():
-            if need_target_logits or (fwd is not None and context_ids is input_ids):
+            if need_target_logits or (fwd is not None and context_ids is None):
                 out = self.target.base_model(input_ids=input_ids, **(fwd or {}))
                 target_hidden = out.last_hidden_state
             if fwd is not None:
-                read = (
-                    out if context_ids is input_ids else self.target.base_model(input_ids=context_ids, **fwd)
-                )
+                read = out if context_ids is None else self.target.base_model(input_ids=context_ids, **fwd)
                 context = drafter.target_context(read, input_ids)
         hidden = drafter.hidden_states(input_ids, **context)
         select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
         gold = drafter.to_draft_ids(labels[:, 1:][select])
-        position = torch.arange(select.shape[1], device=select.device).expand_as(select)[select]
-        result = {"logits": logits, "gold": gold, "n": int(select.sum()), "position": position}
+        result = {"logits": logits, "gold": gold, "n": int(select.sum())}
         if target_hidden is not None and need_target_logits:
             with torch.no_grad():
                 t_logits = self.target.get_output_embeddings()(target_hidden[:, :-1][select]).float()
@@ -123,6 +117,8 @@ class DrafterTrainer(Trainer):
             "n_first": 0,
         }
         drafter = self.accelerator.unwrap_model(model)
+        reads_target = drafter.target_forward_kwargs() is not None
+        L = drafter.round_length() if hasattr(drafter, "round_length") else None
 
         def top1(logits: torch.Tensor) -> torch.Tensor:
             top = logits.argmax(-1)
@@ -141,12 +137,13 @@ class DrafterTrainer(Trainer):
                 hit = top1(r["logits"]) == r["target_argmax"]
                 sums["match"] += int(hit.sum())
                 sums["n"] += r["n"]
-                L = drafter.round_length() if hasattr(drafter, "round_length") else None
                 if L:  # positions that start a drafting round after the first (which has no target context)
-                    first = (r["position"] % L == 0) & (r["position"] >= L)
+                    position = torch.arange(labels.shape[1] - 1, device=labels.device)
+                    position = position.expand(labels.shape[0], -1)[labels[:, 1:] != IGNORE_INDEX]
+                    first = (position % L == 0) & (position >= L)
                     sums["match_first"] += int(hit[first].sum())
                     sums["n_first"] += int(first.sum())
-                if drafter.target_forward_kwargs() is not None and ids.shape[0] > 1:
+                if reads_target and ids.shape[0] > 1:
                     # control: the same tokens, but what the drafter reads from the target is the previous row's
                     other = self._forward(
                         model, ids, labels, need_target_logits=False, context_ids=ids.roll(1, 0)
