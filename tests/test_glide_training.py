@@ -41,6 +41,22 @@ def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
     assert all(not p.requires_grad for p in model.parameters())  # the target stayed frozen
 
 
+def test_expected_acceptance_hand_computation():
+    """glide-cape.txt §5's alpha: sum_x min(P_t(x), P_d(x)) per position, over a reduced draft vocabulary too."""
+    from hf_specdec.trainers.losses import expected_acceptance
+
+    target = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))
+    draft = torch.log(torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]]))
+    torch.testing.assert_close(expected_acceptance(target, draft), torch.tensor([0.7, 1.0]))
+    # a drafter over tokens {0, 2} only (P_d = 0.5, 0.5): min(0.5, 0.5) + min(0.2, 0.5)
+    subset = torch.log(torch.tensor([[0.5, 0.5]]))
+    torch.testing.assert_close(
+        expected_acceptance(target[:1], subset, torch.tensor([0, 2])), torch.tensor([0.7])
+    )
+    with pytest.raises(ValueError, match="shapes differ"):
+        expected_acceptance(target, subset)
+
+
 def test_stop_at_step_stops_and_saves():
     from types import SimpleNamespace
 
@@ -102,6 +118,7 @@ def test_validation_reports_the_other_context_control(tmp_path, kind):
     if kind == "vanilla":  # reads nothing from the target: no control
         assert "eval_top1_other_context" not in metrics
         return
+    assert 0.0 < metrics["eval_alpha"] <= 1.0
     assert 0.0 <= metrics["eval_top1_other_context"] <= 1.0
     same = trainer.evaluate(Dataset.from_list([rows[0], rows[0]]))  # the other row is the same text
     assert same["eval_top1_other_context"] == same["eval_top1_match"]

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback
 
+from .losses import expected_acceptance
+
 IGNORE_INDEX = -100
 
 
@@ -78,6 +80,7 @@ class DrafterTrainer(Trainer):
             with torch.no_grad():
                 t_logits = self.target.get_output_embeddings()(target_hidden[:, :-1][select]).float()
             result["target_argmax"] = t_logits.argmax(-1)
+            result["beta"] = expected_acceptance(t_logits, logits.detach(), drafter.draft_vocab_ids)
             if drafter.draft_vocab_ids is not None:
                 t_logits = t_logits[:, drafter.draft_vocab_ids]
             result["target_logits"] = t_logits
@@ -109,6 +112,7 @@ class DrafterTrainer(Trainer):
         sums = {
             "ce": 0.0,
             "kl": 0.0,
+            "alpha": 0.0,
             "match": 0,
             "n": 0,
             "match_other": 0,
@@ -134,6 +138,7 @@ class DrafterTrainer(Trainer):
                 ce, kl = self._losses(r)
                 sums["ce"] += float(ce) * r["n"]
                 sums["kl"] += float(kl) * r["n"]
+                sums["alpha"] += float(r["beta"].sum())
                 hit = top1(r["logits"]) == r["target_argmax"]
                 sums["match"] += int(hit.sum())
                 sums["n"] += r["n"]
@@ -156,6 +161,7 @@ class DrafterTrainer(Trainer):
             f"{metric_key_prefix}_loss": sums["ce"] / n,
             f"{metric_key_prefix}_kl": sums["kl"] / n,
             f"{metric_key_prefix}_top1_match": sums["match"] / n,
+            f"{metric_key_prefix}_alpha": sums["alpha"] / n,
             f"{metric_key_prefix}_tokens": sums["n"],
         }
         if sums["n_first"]:

@@ -141,7 +141,9 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("command", "command"),
     ]
     footnote = (
-        "tau = tokens per target forward (bonus token included), alpha = accepted / drafted tokens; top1_match = "
+        "measured: tau = tokens per target forward (bonus token included), alpha = accepted / drafted tokens; "
+        "validation: alpha = mean of sum_x min(P_t(x), P_d(x)), the papers' acceptance rate (speculative sampling); "
+        "top1_match = "
         "how often EDD's argmax equals the target's on validation tokens; kl = KL(P_t || P_d) per token; "
         "top1_other_context = the top-1 match with the soft prompt of another validation sequence (the gap is what "
         "the soft prompt is worth)."

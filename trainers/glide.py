@@ -113,7 +113,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("command", "command"),
     ]
     footnote = (
-        "alpha = accepted / drafted tokens, tau = tokens per target forward (bonus token included); "
+        "measured: alpha = accepted / drafted tokens, tau = tokens per target forward (bonus token included); "
+        "validation: alpha = mean of sum_x min(P_t(x), P_d(x)), the papers' acceptance rate (speculative sampling); "
         "top1_match = how often the drafter's argmax equals the target's on validation tokens; "
         "top1_other_context = the same with the target's KV cache of another validation sequence (the gap is what "
         "the glimpse is worth)."

@@ -5,6 +5,11 @@
   averaged over the supervised positions. Soft-label distillation: the drafter is pushed towards the target's
   whole distribution, which is what the acceptance rate depends on.
 - ``ce_loss``: cross entropy against the data's next tokens (the "w/o KL divergence" ablation, Table 3).
+
+And the acceptance rate the papers report (glide-cape.txt §5 "Metrics", after Leviathan et al. 2023):
+
+- ``expected_acceptance``: ``beta = sum_x min(P_t(x), P_d(x))``, the probability that speculative sampling accepts
+  a token sampled from the drafter; alpha is its mean over positions.
 """
 
 from __future__ import annotations
@@ -46,3 +51,19 @@ def draft_loss(
     if kind == "ce":
         return ce_loss(draft_logits, labels)
     raise ValueError(f"unknown loss {kind!r}; use 'kl' or 'ce'")
+
+
+def expected_acceptance(
+    target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_vocab_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per row, ``beta = sum_x min(P_t(x), P_d(x))`` (glide-cape.txt §5: alpha = E[beta]).
+
+    ``target_logits`` is ``(N, V)`` over the target's whole vocabulary; ``draft_logits`` is ``(N, V_d)``, over
+    ``draft_vocab_ids`` (a reduced draft vocabulary: the drafter puts no mass elsewhere) or over the same ``V``.
+    """
+    p = target_logits.float().softmax(-1)
+    if draft_vocab_ids is not None:
+        p = p[:, draft_vocab_ids]
+    if p.shape != draft_logits.shape:
+        raise ValueError(f"target / draft shapes differ: {tuple(p.shape)} vs {tuple(draft_logits.shape)}")
+    return torch.minimum(p, draft_logits.float().softmax(-1)).sum(-1)
