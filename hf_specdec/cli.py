@@ -18,6 +18,7 @@ COMMANDS = [
     "hf_specdec.induction_heads",
     "hf_specdec.pld_tune",
     "hf_specdec.tree_replay",
+    "hf_specdec.trainers.calibration",
 ]
 
 

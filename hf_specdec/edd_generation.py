@@ -190,11 +190,19 @@ class EddCandidateGenerator(CandidateGenerator):
 
 class EddTreeExpander:
     """``pct.Expander`` on an EDD drafter: one EDD forward per call, probabilities over the drafter's vocabulary
-    (its reduced draft vocabulary if it has one: ``token_ids`` maps columns to token ids)."""
+    (its reduced draft vocabulary if it has one: ``token_ids`` maps columns to token ids), at the confidence
+    temperature ``temperature`` (default: the drafter's calibrated ``config.confidence_temperature``)."""
 
-    def __init__(self, state: EddDraftState, input_ids: torch.Tensor, timer: StepTimer | None = None):
+    def __init__(
+        self,
+        state: EddDraftState,
+        input_ids: torch.Tensor,
+        timer: StepTimer | None = None,
+        temperature: float | None = None,
+    ):
         self.state, self.input_ids, self.timer = state, input_ids, timer
         self.token_ids = state.edd.draft_vocab_ids
+        self.temperature = temperature or getattr(state.edd.config, "confidence_temperature", 1.0)
 
     def expand(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -203,7 +211,7 @@ class EddTreeExpander:
         else:
             hidden = self.state.tree_step(nodes, tree)
         edd = self.state.edd
-        probs = edd.draft_logits(hidden).float().softmax(-1)
+        probs = (edd.draft_logits(hidden).float() / self.temperature).softmax(-1)
         if self.timer is not None:
             self.timer.draft(time.perf_counter() - t0)
         return probs
@@ -219,7 +227,10 @@ class EddTreeProposer(TreeProposer):
 
     s_d/s_t for PCT: running means of the measured EDD forward time and of the measured verification time
     (from the end of ``propose`` to ``observe``) of this generation loop, seeded by a calibration run in the first
-    ``start`` (a target forward and an EDD forward over a few tokens). ``ratio=`` pins it."""
+    ``start`` (a target forward and an EDD forward over a few tokens). ``ratio=`` pins it.
+
+    Confidences are ``softmax(logits / T)`` with the drafter's calibrated ``config.confidence_temperature``
+    (``trainers/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax)."""
 
     needs_hidden_states = True
 
@@ -232,6 +243,7 @@ class EddTreeProposer(TreeProposer):
         removal_threshold: float = DEFAULT_REMOVAL_THRESHOLD,
         total_tokens: int = EAGLE2_TOTAL,
         ratio: float | None = None,
+        confidence_temperature: float | None = None,
     ):
         if builder not in TREE_BUILDERS:
             raise SpecDecError(
@@ -248,6 +260,9 @@ class EddTreeProposer(TreeProposer):
         self.depth = depth or defaults[1]
         self.removal_threshold = removal_threshold
         self.total_tokens = total_tokens
+        if confidence_temperature is not None and not confidence_temperature > 0:
+            raise SpecDecError(f"confidence_temperature must be > 0, got {confidence_temperature!r}")
+        self.confidence_temperature = confidence_temperature
         self.timer = StepTimer(fixed_ratio=ratio)
         self.calibrated = False
         self.last_tree: GrownTree | None = None
@@ -292,10 +307,16 @@ class EddTreeProposer(TreeProposer):
         if depth <= 0:
             self._t_proposed = time.perf_counter()
             return TokenTree.empty(input_ids.device)
-        grown = self.grow(EddTreeExpander(self.state, input_ids, self.timer), depth)
+        grown = self.grow(self.expander(self.state, input_ids, self.timer), depth)
         self.last_tree = grown
         self._t_proposed = time.perf_counter()
         return grown.token_tree(input_ids.device)
+
+    def expander(
+        self, state: EddDraftState, input_ids: torch.Tensor, timer: StepTimer | None = None
+    ) -> EddTreeExpander:
+        """The drafter, seen by the tree builders at this proposer's confidence temperature."""
+        return EddTreeExpander(state, input_ids, timer, self.confidence_temperature)
 
     def grow(self, expander, depth: int) -> GrownTree:
         """This proposer's tree (``builder`` and its settings) from ``expander``, at most ``depth`` deep."""

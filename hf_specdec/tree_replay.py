@@ -66,7 +66,7 @@ def replay_tree(
 ) -> TreeReplay:
     """Replay greedy ``tree_generate`` with ``proposer`` (an ``EddTreeProposer``) on the greedy output ``sequence``
     (1-D, prompt of ``start`` tokens first); ``hidden`` (1, len, D) are the target's encoder-layer states of it."""
-    from .edd_generation import EddDraftState, EddTreeExpander
+    from .edd_generation import EddDraftState
 
     total = sequence.shape[0]
     if not start < total <= max_length:
@@ -81,7 +81,7 @@ def replay_tree(
     n, out = start + 1, TreeReplay(new_tokens=1, forwards=1)  # the prefill emits token `start`
     while n < total:
         depth = min(proposer.depth, max_length - n - 1)
-        tree = proposer.grow(EddTreeExpander(state, ids[:, :n]), depth) if depth > 0 else GrownTree()
+        tree = proposer.grow(proposer.expander(state, ids[:, :n]), depth) if depth > 0 else GrownTree()
         accepted = accepted_length(tree, sequence[n:].tolist())
         emitted = min(accepted + 1, total - n)  # the accepted path and the target's bonus token
         if state.soft_prompt:
@@ -100,9 +100,13 @@ def _builders(args) -> list[tuple[str, dict]]:
     for name in args.builders.split(","):
         name = name.strip()
         if name == "pct":
+            temperatures = _parse_floats(args.temperatures) if args.temperatures else [None]
             for removal in _parse_floats(args.removals):
                 for width in _parse_ints(args.widths):
-                    rows.append((f"pct w{width} r{removal:g}", dict(width=width, removal_threshold=removal)))
+                    for t in temperatures:
+                        label = f"pct w{width} r{removal:g}" + ("" if t is None else f" T{t:g}")
+                        kw = dict(width=width, removal_threshold=removal, confidence_temperature=t)
+                        rows.append((label, kw))
         elif name:
             rows.append((name, {}))
     return rows
@@ -126,6 +130,11 @@ def add_parser(sub) -> None:
     p.add_argument("--builders", default="chain,pct,vct,eagle2", help="comma list of pct, vct, eagle2, chain")
     p.add_argument("--removals", default="0.01", help="PCT removal thresholds to try (App. B: 0.01)")
     p.add_argument("--widths", default="5", help="PCT expansion widths to try (App. B: 5)")
+    p.add_argument(
+        "--temperatures",
+        default=None,
+        help="PCT confidence temperatures to try (default: the drafter's calibrated one; 1 = raw softmax)",
+    )
     p.add_argument(
         "--ratio", type=float, default=None, help="PCT's s_d/s_t (default: calibrated on this machine)"
     )

@@ -64,6 +64,9 @@ class EddConfig(PretrainedConfig):
     - ``loss``: ``"kl"`` (eq. 4, the paper's) or ``"ce"`` (the "w/o KL divergence" ablation).
     - ``target``: the fingerprint of the target it belongs to.
     - ``draft_vocab_size``: size of the optional reduced draft vocabulary (``modeling/attached.py``).
+    - ``confidence_temperature``: ``T`` of the confidences the candidate trees read, ``softmax(logits / T)``
+      (PCT assumes they are calibrated, §3.2); fitted on validation data after training
+      (``trainers/calibration.py``). 1.0 = the raw softmax. The drafted tokens' ranking does not depend on it.
     """
 
     model_type = "edd"
@@ -80,8 +83,14 @@ class EddConfig(PretrainedConfig):
         loss: str = "kl",
         target: dict | None = None,
         draft_vocab_size: int | None = None,
+        confidence_temperature: float = 1.0,
         **kwargs,
     ):
+        if not confidence_temperature > 0:
+            raise SpecDecError(
+                f"EddConfig.confidence_temperature must be > 0, got {confidence_temperature!r}"
+            )
+        self.confidence_temperature = float(confidence_temperature)
         self.layer_config = dict(layer_config or {})
         self.target_num_hidden_layers = target_num_hidden_layers
         default = max(target_num_hidden_layers - 3, min(1, target_num_hidden_layers))

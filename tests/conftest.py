@@ -57,6 +57,17 @@ def real_target():
 
 
 @pytest.fixture(scope="module")
+def target_and_edd():
+    """A tiny Llama target and an EDD drafter for it, initialised from the target (untrained)."""
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
+
+    target = tiny_llama(num_hidden_layers=4)
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    edd.init_from_target(target)
+    return target, edd
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run far faster on one thread on a shared CPU; restored after the module that asks for it
     (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""

@@ -125,18 +125,6 @@ def test_step_timer_ratio():
 
 
 # ------------------------------------------------------------------ EDD trees through the tree core
-@pytest.fixture(scope="module")
-def target_and_edd():
-    from hf_specdec.modeling import EddConfig, EddForCausalLM
-
-    from tests.conftest import tiny_llama
-
-    target = tiny_llama(num_hidden_layers=4)
-    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
-    edd.init_from_target(target)
-    return target, edd
-
-
 @pytest.mark.parametrize("builder", ["pct", "vct", "eagle2", "chain"])
 def test_edd_trees_are_lossless_greedy_and_replay_exactly(target_and_edd, builder):
     """Each EDD tree gives plain greedy's tokens, and `hf-specdec tree-replay` reproduces its target forwards and

@@ -172,6 +172,25 @@ class DrafterTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
+    @torch.no_grad()
+    def validation_logits(self, eval_dataset=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced draft logits ``(N, V_draft)`` on the validation tokens (under the training mask) and
+        the target's greedy tokens ``(N,)`` there (``trainers/calibration.py`` fits the confidences on them)."""
+        model = self.model
+        was_training = model.training
+        model.eval()
+        logits, argmax = [], []
+        for batch in self.get_eval_dataloader(eval_dataset):
+            batch = self._prepare_inputs(batch)
+            r = self._forward(model, batch["input_ids"], batch["labels"], need_target_logits=True)
+            if r["n"]:
+                logits.append(r["logits"].cpu())
+                argmax.append(r["target_argmax"].cpu())
+        model.train(was_training)
+        if not logits:
+            raise ValueError("no supervised validation tokens")
+        return torch.cat(logits), torch.cat(argmax)
+
 
 def _stack_collator(rows: list[dict]) -> dict:
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels")}

@@ -137,6 +137,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("train_tokens", "training tokens (packed, incl. unsupervised)"),
         ("budget", "budget"),
         ("validation", "validation (held-out ShareGPT, L = 5)"),
+        ("calibration", "confidence calibration for PCT (validation, `hf-specdec calibrate`)"),
         ("measured", "measured (greedy, mt-bench)"),
         ("command", "command"),
     ]
@@ -155,6 +156,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
 
 def run(args) -> int:
     from hf_specdec.modeling import EddConfig, EddForCausalLM
+    from hf_specdec.trainers.calibration import calibrate_drafter, describe
     from hf_specdec.trainers.data import install_draft_vocab, packed_dataset
     from hf_specdec.trainers.drafter_trainer import TimeLimitCallback, write_training_curve
     from transformers import TrainingArguments, set_seed
@@ -232,6 +234,8 @@ def run(args) -> int:
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - t_train
     metrics = trainer.evaluate()
+    calibration = calibrate_drafter(trainer)  # PCT's confidences (trainers/calibration.py)
+    print(f"calibration: {describe(calibration)}")
     drafter.save_pretrained(args.output_dir)
     write_training_curve(trainer.state.log_history, args.output_dir)
     info = {
@@ -252,6 +256,7 @@ def run(args) -> int:
         "budget": f"{train_seconds / 60:.1f} min on {torch.get_num_threads()} CPU threads ({args.dtype}), "
         f"batch {args.batch_size}x{args.grad_accum}, lr {args.lr}",
         "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
+        "calibration": describe(calibration),
         "command": "hf-specdec " + shlex.join(sys.argv[1:])
         if sys.argv and "hf-specdec" in sys.argv[0]
         else "",

@@ -11,7 +11,8 @@ Trees run in the tree core's ``tree_generate`` and report their own ``DecodeStat
 docs/edd-pct.md), else the one shipped in ``hf_specdec/resources/edd-smollm2``. Table 3's ablations are
 checkpoints trained with ``--no-soft-prompt`` / ``--loss ce`` / ``--block-min 5 --block-max 5`` benched with
 ``--option edd=PATH``. Other options: ``gamma`` (chain length), ``pct_width``, ``pct_depth``, ``pct_removal``,
-``pct_ratio`` (pin s_d/s_t instead of measuring it), ``eagle2_total``.
+``pct_ratio`` (pin s_d/s_t instead of measuring it), ``pct_temperature`` (confidence temperature instead of the
+drafter's calibrated one), ``eagle2_total``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class _EddTree(Method):
                 depth=int(o.get("pct_depth", 10)),
                 removal_threshold=float(o.get("pct_removal", 0.01)),
                 ratio=float(o["pct_ratio"]) if "pct_ratio" in o else None,
+                confidence_temperature=float(o["pct_temperature"]) if "pct_temperature" in o else None,
             )
         elif self.builder == "eagle2":
             kwargs = dict(total_tokens=int(o.get("eagle2_total", 50)))
