@@ -22,6 +22,19 @@ COMMANDS = [
 ]
 
 
+def parse_floats(text: str) -> list[float]:
+    """A sub-command's comma-separated list of numbers (``"0.01,0.004"``); a clear error otherwise."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecDecError(f"expected a comma-separated list of numbers, got {text!r}") from None
+
+
+def parse_ints(text: str) -> list[int]:
+    """:func:`parse_floats` for integers (``"5,10"``)."""
+    return [int(x) for x in parse_floats(text)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-specdec",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecDecError
+from .cli import parse_floats, parse_ints
 from .pld_plus_generation import DEFAULT_PRIORS, DraftLength, occurrences, rank_by_attention, rank_by_hidden
 from .verify_cost import CostCurve, forward_times, interpolate
 
@@ -128,17 +128,6 @@ def attention_rank(rows: torch.Tensor, row_offset: int, min_score: float | None 
     return rank
 
 
-def _parse_floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpecDecError(f"expected a comma-separated list of numbers, got {text!r}") from None
-
-
-def _parse_ints(text: str) -> list[int]:
-    return [int(x) for x in _parse_floats(text)]
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "pld-tune",
@@ -181,11 +170,11 @@ def run(args) -> int:
     eos_ids = model.generation_config.eos_token_id
     eos = {int(eos_ids)} if isinstance(eos_ids, int) else {int(e) for e in eos_ids or []}
     n_layers = model.config.num_hidden_layers
-    layers = list(range(n_layers + 1)) if args.layers == "all" else _parse_ints(args.layers)
-    ks, tops = _parse_ints(args.ks), _parse_ints(args.top_heads)
-    fresh_priors, run_priors = _parse_floats(args.fresh_priors), _parse_floats(args.run_priors)
-    cont_priors = _parse_floats(args.cont_priors)
-    h_thresholds, a_thresholds = _parse_floats(args.h_thresholds), _parse_floats(args.a_thresholds)
+    layers = list(range(n_layers + 1)) if args.layers == "all" else parse_ints(args.layers)
+    ks, tops = parse_ints(args.ks), parse_ints(args.top_heads)
+    fresh_priors, run_priors = parse_floats(args.fresh_priors), parse_floats(args.run_priors)
+    cont_priors = parse_floats(args.cont_priors)
+    h_thresholds, a_thresholds = parse_floats(args.h_thresholds), parse_floats(args.a_thresholds)
     ranked = read_heads_file(args.heads or default_heads_file(model), model=model, top=max(tops))
     capture = {}
     for layer, head in ranked:

@@ -94,15 +94,15 @@ def replay_tree(
 
 
 def _builders(args) -> list[tuple[str, dict]]:
-    from .pld_tune import _parse_floats, _parse_ints
+    from .cli import parse_floats, parse_ints
 
     rows = []
     for name in args.builders.split(","):
         name = name.strip()
         if name == "pct":
-            temperatures = _parse_floats(args.temperatures) if args.temperatures else [None]
-            for removal in _parse_floats(args.removals):
-                for width in _parse_ints(args.widths):
+            temperatures = parse_floats(args.temperatures) if args.temperatures else [None]
+            for removal in parse_floats(args.removals):
+                for width in parse_ints(args.widths):
                     for t in temperatures:
                         label = f"pct w{width} r{removal:g}" + ("" if t is None else f" T{t:g}")
                         kw = dict(width=width, removal_threshold=removal, confidence_temperature=t)
@@ -150,8 +150,8 @@ def run(args) -> int:
     from .tasks import load_task
 
     builders = _builders(args)  # bad lists and unknown builders fail before anything loads
-    for name, _ in builders:
-        EddTreeProposer(None, name.split()[0])
+    for name, kw in builders:
+        EddTreeProposer(None, name.split()[0], **kw)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     for task in tasks:
         load_task(task, None, args.limit)

@@ -200,6 +200,7 @@ def test_accepted_length_follows_the_matching_path():
     [
         (["--builders", "pct,foo"], "unknown EDD tree builder 'foo'"),
         (["--widths", "5,x"], "comma-separated list of numbers"),
+        (["--temperatures", "0.9,0"], "confidence_temperature must be > 0"),
         (["--tasks", "nope"], "unknown task 'nope'"),
     ],
 )
