@@ -121,5 +121,11 @@ def test_calibrate_command_on_the_shipped_edd(tmp_path, capsys):
     card = (folder / "README.md").read_text()
     assert card.count(CARD_SECTION) == 1 and "confidence temperature" in card.split(CARD_SECTION)[1]
     assert card.startswith(readme.split(CARD_SECTION)[0].rstrip("\n"))  # the rest of the card is kept
+    capsys.readouterr()
     assert main(["calibrate", "--drafter", str(tmp_path / "nothing")]) == 2
     assert "no config.json there" in capsys.readouterr().err
+    glide = tmp_path / "glide"
+    glide.mkdir()
+    (glide / "config.json").write_text(json.dumps({"model_type": "glide"}))
+    assert main(["calibrate", "--drafter", str(glide)]) == 2
+    assert "calibrate fits EDD drafters" in capsys.readouterr().err

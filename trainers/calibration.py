@@ -168,6 +168,11 @@ def run(args: argparse.Namespace) -> int:
     folder = Path(args.drafter)
     if not (folder / "config.json").is_file():
         raise SpecDecError(f"--drafter {folder}: no config.json there; pass an EDD checkpoint folder")
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    if model_type != "edd":
+        raise SpecDecError(
+            f"--drafter {folder} holds a {model_type!r} model; calibrate fits EDD drafters (model_type 'edd')"
+        )
     if args.blocks < 1 or args.block_size < 8:
         raise SpecDecError(f"need --blocks >= 1 and --block-size >= 8 (got {args.blocks}, {args.block_size})")
     target, tokenizer = load_target(args.model, "fp32")

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback
 
+from hf_specdec.errors import SpecDecError
+
 from .losses import expected_acceptance
 
 IGNORE_INDEX = -100
@@ -188,7 +190,9 @@ class DrafterTrainer(Trainer):
                 argmax.append(r["target_argmax"].cpu())
         model.train(was_training)
         if not logits:
-            raise ValueError("no supervised validation tokens")
+            raise SpecDecError(
+                "the validation data has no supervised (assistant) tokens; use more validation blocks"
+            )
         return torch.cat(logits), torch.cat(argmax)
 
 
