@@ -129,3 +129,33 @@ def test_calibrate_command_on_the_shipped_edd(tmp_path, capsys):
     (glide / "config.json").write_text(json.dumps({"model_type": "glide"}))
     assert main(["calibrate", "--drafter", str(glide)]) == 2
     assert "calibrate fits EDD drafters" in capsys.readouterr().err
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_train_edd_ends_calibrated_and_records_it(tmp_path):
+    """`hf-specdec train edd` (2 steps on real data) fits the temperature, saves it and puts it on the card."""
+    from hf_specdec.modeling.edd import EddConfig
+
+    from hf_specdec.cli import main
+
+    out = tmp_path / "edd"
+    argv = [
+        "train",
+        "edd",
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "--block-size",
+        "64",
+        "--batch-size",
+        "2",
+    ]
+    argv += ["--eval-blocks", "2", "--eval-steps", "2", "--save-steps", "2", "--measure-prompts", "0"]
+    assert main([*argv, "--draft-vocab", "1024"]) == 0
+    t = EddConfig.from_pretrained(out).confidence_temperature
+    assert 0.25 <= t <= 4.0 and t != 1.0
+    card = json.loads((out / "model_card.json").read_text())["calibration"]
+    assert card.startswith(f"confidence temperature {t:g} ")
+    assert card in (out / "README.md").read_text()
