@@ -40,10 +40,9 @@ def test_top1_ece_hand_computation():
 def test_calibrate_leaves_out_tokens_outside_the_draft_vocabulary():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(400, 3, generator=g)
-    vocab = torch.tensor([4, 7, 9])  # draft columns 0, 1, 2 are tokens 4, 7, 9
-    target = vocab[logits.argmax(-1)]
-    target[:100] = 5  # not in the draft vocabulary
-    result = calibrate(logits, target, vocab)
+    gold = logits.argmax(-1)  # the target's token, as a draft column
+    gold[:100] = -100  # not in the draft vocabulary (the drafter's to_draft_ids)
+    result = calibrate(logits, gold)
     assert result["tokens"] == 300
     # the target always takes the drafter's argmax: calibration sharpens (T < 1) and the ECE drops
     assert result["temperature"] < 1.0

@@ -68,19 +68,12 @@ def top1_ece(probs: torch.Tensor, gold: torch.Tensor, bins: int = ECE_BINS) -> f
     return ece
 
 
-def calibrate(
-    logits: torch.Tensor, target_argmax: torch.Tensor, draft_vocab_ids: torch.Tensor | None
-) -> dict:
-    """Fit ``T`` on teacher-forced draft logits ``(N, V_draft)`` and the target's greedy tokens ``(N,)``.
+def calibrate(logits: torch.Tensor, gold: torch.Tensor) -> dict:
+    """Fit ``T`` on teacher-forced draft logits ``(N, V_draft)`` and the target's greedy tokens as draft columns
+    ``(N,)`` (the drafter's ``to_draft_ids``).
 
-    Rows whose target token lies outside a reduced draft vocabulary are left out (the drafter cannot propose
-    it at any temperature). Returns the temperature and the NLL / ECE before and after."""
-    gold = target_argmax
-    if draft_vocab_ids is not None:
-        table = torch.full((int(draft_vocab_ids.max()) + 1,), -1, dtype=torch.long)
-        table[draft_vocab_ids.cpu()] = torch.arange(draft_vocab_ids.numel())
-        inside = target_argmax < table.numel()
-        gold = torch.where(inside, table[target_argmax.clamp(max=table.numel() - 1)], -1)
+    Rows whose target token lies outside a reduced draft vocabulary (negative column) are left out: the drafter
+    cannot propose it at any temperature. Returns the temperature and the NLL / ECE before and after."""
     keep = gold >= 0
     logits, gold = logits[keep], gold[keep]
     t = fit_temperature(logits, gold)
@@ -99,7 +92,7 @@ def calibrate_drafter(trainer) -> dict:
     """:func:`calibrate` on a ``DrafterTrainer``'s validation data; sets ``config.confidence_temperature``."""
     drafter = trainer.accelerator.unwrap_model(trainer.model)
     logits, target_argmax = trainer.validation_logits()
-    result = calibrate(logits, target_argmax, drafter.draft_vocab_ids)
+    result = calibrate(logits, drafter.to_draft_ids(target_argmax))
     drafter.config.confidence_temperature = result["temperature"]
     return result
 

@@ -60,9 +60,11 @@ class DrafterTrainer(Trainer):
         labels: torch.Tensor,
         need_target_logits: bool,
         context_ids: torch.Tensor | None = None,
+        with_alpha: bool = False,
     ) -> dict:
         """``context_ids`` (validation's control): what the drafter reads from the target (cache, hidden states)
-        comes from the target's pass over these instead of ``input_ids``; the target's logits stay ``input_ids``'."""
+        comes from the target's pass over these instead of ``input_ids``; the target's logits stay ``input_ids``'.
+        ``with_alpha`` (validation, with ``need_target_logits``): also ``beta`` per position (``eval_alpha``)."""
         drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
         fwd = drafter.target_forward_kwargs()
         context, target_hidden = {}, None
@@ -82,7 +84,8 @@ class DrafterTrainer(Trainer):
             with torch.no_grad():
                 t_logits = self.target.get_output_embeddings()(target_hidden[:, :-1][select]).float()
             result["target_argmax"] = t_logits.argmax(-1)
-            result["beta"] = expected_acceptance(t_logits, logits.detach(), drafter.draft_vocab_ids)
+            if with_alpha:
+                result["beta"] = expected_acceptance(t_logits, logits.detach(), drafter.draft_vocab_ids)
             if drafter.draft_vocab_ids is not None:
                 t_logits = t_logits[:, drafter.draft_vocab_ids]
             result["target_logits"] = t_logits
@@ -107,10 +110,25 @@ class DrafterTrainer(Trainer):
         return (loss, {"logits": r["logits"]}) if return_outputs else loss
 
     # ------------------------------------------------------------------ validation
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+    def _validation_passes(self, eval_dataset=None, with_alpha: bool = False):
+        """Yield ``(input_ids, labels, result)`` of every validation batch with supervised tokens, the drafter in
+        eval mode and without gradients (its mode is restored afterwards)."""
         model = self.model
         was_training = model.training
         model.eval()
+        try:
+            with torch.no_grad():
+                for batch in self.get_eval_dataloader(eval_dataset):
+                    batch = self._prepare_inputs(batch)
+                    ids, labels = batch["input_ids"], batch["labels"]
+                    r = self._forward(model, ids, labels, need_target_logits=True, with_alpha=with_alpha)
+                    if r["n"]:
+                        yield ids, labels, r
+        finally:
+            model.train(was_training)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        model = self.model
         sums = {
             "ce": 0.0,
             "kl": 0.0,
@@ -130,34 +148,28 @@ class DrafterTrainer(Trainer):
             top = logits.argmax(-1)
             return top if drafter.draft_vocab_ids is None else drafter.draft_vocab_ids[top]
 
-        with torch.no_grad():
-            for batch in self.get_eval_dataloader(eval_dataset):
-                batch = self._prepare_inputs(batch)
-                ids, labels = batch["input_ids"], batch["labels"]
-                r = self._forward(model, ids, labels, need_target_logits=True)
-                if not r["n"]:
-                    continue
-                ce, kl = self._losses(r)
-                sums["ce"] += float(ce) * r["n"]
-                sums["kl"] += float(kl) * r["n"]
-                sums["alpha"] += float(r["beta"].sum())
-                hit = top1(r["logits"]) == r["target_argmax"]
-                sums["match"] += int(hit.sum())
-                sums["n"] += r["n"]
-                if L:  # positions that start a drafting round after the first (which has no target context)
-                    position = torch.arange(labels.shape[1] - 1, device=labels.device)
-                    position = position.expand(labels.shape[0], -1)[labels[:, 1:] != IGNORE_INDEX]
-                    first = (position % L == 0) & (position >= L)
-                    sums["match_first"] += int(hit[first].sum())
-                    sums["n_first"] += int(first.sum())
-                if reads_target and ids.shape[0] > 1:
-                    # control: the same tokens, but what the drafter reads from the target is the previous row's
+        for ids, labels, r in self._validation_passes(eval_dataset, with_alpha=True):
+            ce, kl = self._losses(r)
+            sums["ce"] += float(ce) * r["n"]
+            sums["kl"] += float(kl) * r["n"]
+            sums["alpha"] += float(r["beta"].sum())
+            hit = top1(r["logits"]) == r["target_argmax"]
+            sums["match"] += int(hit.sum())
+            sums["n"] += r["n"]
+            if L:  # positions that start a drafting round after the first (which has no target context)
+                position = torch.arange(labels.shape[1] - 1, device=labels.device)
+                position = position.expand(labels.shape[0], -1)[labels[:, 1:] != IGNORE_INDEX]
+                first = (position % L == 0) & (position >= L)
+                sums["match_first"] += int(hit[first].sum())
+                sums["n_first"] += int(first.sum())
+            if reads_target and ids.shape[0] > 1:
+                # control: the same tokens, but what the drafter reads from the target is the previous row's
+                with torch.no_grad():
                     other = self._forward(
                         model, ids, labels, need_target_logits=False, context_ids=ids.roll(1, 0)
                     )
-                    sums["match_other"] += int((top1(other["logits"]) == r["target_argmax"]).sum())
-                    sums["n_other"] += r["n"]
-        model.train(was_training)
+                sums["match_other"] += int((top1(other["logits"]) == r["target_argmax"]).sum())
+                sums["n_other"] += r["n"]
         n = max(sums["n"], 1)
         metrics = {
             f"{metric_key_prefix}_loss": sums["ce"] / n,
@@ -174,21 +186,13 @@ class DrafterTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-    @torch.no_grad()
     def validation_logits(self, eval_dataset=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced draft logits ``(N, V_draft)`` on the validation tokens (under the training mask) and
         the target's greedy tokens ``(N,)`` there (``trainers/calibration.py`` fits the confidences on them)."""
-        model = self.model
-        was_training = model.training
-        model.eval()
         logits, argmax = [], []
-        for batch in self.get_eval_dataloader(eval_dataset):
-            batch = self._prepare_inputs(batch)
-            r = self._forward(model, batch["input_ids"], batch["labels"], need_target_logits=True)
-            if r["n"]:
-                logits.append(r["logits"].cpu())
-                argmax.append(r["target_argmax"].cpu())
-        model.train(was_training)
+        for _, _, r in self._validation_passes(eval_dataset):
+            logits.append(r["logits"].cpu())
+            argmax.append(r["target_argmax"].cpu())
         if not logits:
             raise SpecDecError(
                 "the validation data has no supervised (assistant) tokens; use more validation blocks"
