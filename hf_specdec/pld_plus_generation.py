@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,13 +56,11 @@ VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "a
 
 # Defaults tuned on the `summarize` task only (`hf-specdec pld-tune`, docs/pld-plus.md "Tuning"): layer 14 of
 # SmolLM2's 30 (stored as a fraction of the depth so that it transfers to other depths), adaptive K with the priors
-# below, the top 10 heads, and a score threshold (App. B.3's): with a fixed K a step does not draft below it; in
-# adaptive mode an occurrence below it gets the low hit rate, and the measured cost decides (DraftLength).
+# below, the top 10 heads, and a minimum score (App. B.3's threshold) below which a step does not draft: on a CPU a
+# verification forward costs noticeably more per drafted token, so a low-confidence draft loses more than it wins.
 DEFAULT_MAX_TOKENS = 64  # adaptive mode's cap on K (DraftLength)
-# DraftLength's priors: hit rate of a fresh occurrence scoring at / below the threshold, the hazard after one accepted
-# token, the hazard's decay with the copy's age
-DEFAULT_PRIORS = (0.5, 0.25, 0.45, 0.5)
-AGE_CLASSES = 8  # DraftLength's copy-age classes: 0, 1, 2-3, 4-7, ..., 64+
+# DraftLength's priors: hit rate of a fresh occurrence, hit rate of a running copy, continuation rate
+DEFAULT_PRIORS = (0.4, 0.9, 0.85)
 DEFAULT_LAYER_FRACTION = 14 / 30
 DEFAULT_TOP_HEADS = 10
 DEFAULT_MIN_SCORE = {"hidden": 0.8, "attention": 0.2}
@@ -130,77 +127,47 @@ class DraftLength:
 
     Fixed mode (``cost=None``): always ``max_k`` tokens, the paper's fixed ``K``.
 
-    Adaptive mode: a copied draft is accepted token by token until its first mismatch, and the longer a copy has
-    already run, the likelier its next token is right too (on summarize, replaying PLD+(h)'s choices against the
-    greedy output: 0.68 after one accepted token, 0.87 after 4-7, 0.94-0.98 after 16 or more; docs/pld-plus.md).
-    So the chance that a drafted token is accepted, given the tokens before it were, is modelled by the copy's
-    *age* ``m``, the number of its tokens already accepted (over this and earlier steps of the same running copy):
-    the *hit rate* at ``m = 0`` (the first token copied from a fresh occurrence), ``h`` for an occurrence whose
-    ranking score reaches the variant's threshold (App. B.3's, tuned) and ``h_low`` below it, and ``1 - r m^-beta``
-    for ``m >= 1`` (a hazard ``r`` after one token, falling with the copy's age). So whether a low-scoring occurrence
-    is worth a draft is decided by the cost curve: on this CPU it pays in bf16, where a drafted token is nearly
-    free, and not in fp32 (a hard threshold cannot be right for both). A ``K``-token draft starting at age
-    ``m0`` then yields ``E(K) = 1 + sum_{i=1..K} prod_{m=m0..m0+i-1} p(m)`` tokens (the target's own token
-    included) for a forward costing ``c(K + 1)`` one-token forwards (:class:`~hf_specdec.verify_cost.CostCurve`,
-    measured on the running machine). The step drafts the ``K <= max_k`` maximising ``E(K) / c(K + 1)``, and
-    nothing when no ``K`` beats a plain step (``E / c <= 1``). ``p`` is estimated online per age class (``0``,
-    ``1``, ``2-3``, ``4-7``, ... ``64+``), each class starting from the model's value as a prior worth ``weight``
-    observations (the two hit rates separately). A copy *runs on* when the best occurrence is exactly where the previous, fully accepted draft's
-    copy continues; any other occurrence starts at age 0. The priors ``(h, r, beta)`` come from the summarize
-    tuning (``hf-specdec pld-tune``). Earlier versions used one continuation rate for every age, which under-drafts
-    the long, correct copies of edit tasks (docs/pld-plus.md, "Draft length").
+    Adaptive mode: a copied draft is either wrong from its first token or right for a while, so acceptance is
+    modelled in two parts: the first token is accepted with probability ``h`` (the *hit* rate), each later one, once
+    the tokens before it were, with probability ``a`` (the *continuation* rate). A ``K``-token draft then yields
+    ``E(K) = 1 + h (1 - a^K) / (1 - a)`` tokens (the target's own token included) for a forward costing ``c(K + 1)``
+    one-token forwards (:class:`~hf_specdec.verify_cost.CostCurve`, measured on the running machine). The step
+    drafts the ``K <= max_k`` maximising ``E(K) / c(K + 1)``, and nothing when no ``K`` beats a plain step
+    (``E / c <= 1``). ``h`` is estimated online separately for a *fresh* occurrence and for a *running copy* (the
+    best occurrence is exactly where the previous, fully accepted draft's copy continues), ``a`` over all drafts;
+    each estimate starts from a prior worth ``weight`` observations. Priors come from the summarize tuning
+    (``hf-specdec pld-tune``). A single geometric rate for all tokens (this class's first version) under-drafts the
+    long, correct copies of edit tasks (docs/pld-plus.md, "Draft length").
     """
 
     max_k: int
     cost: CostCurve | None = None
-    prior_hit: float = DEFAULT_PRIORS[0]
-    prior_hit_low: float = DEFAULT_PRIORS[1]
-    prior_hazard: float = DEFAULT_PRIORS[2]
-    hazard_decay: float = DEFAULT_PRIORS[3]
+    prior_fresh: float = DEFAULT_PRIORS[0]
+    prior_run: float = DEFAULT_PRIORS[1]
+    prior_continue: float = DEFAULT_PRIORS[2]
     weight: float = 8.0
-    _continue_at: int | None = None  # where a fully accepted copy continues (its next occurrence)
-    _next_age: int = 0  # the age of that continuation
-    _age: int = 0  # the age of the current draft's first token
-    _low: bool = False  # the current draft comes from a fresh occurrence scoring below the threshold
-    # [accepted, rejected] per age class; the last entry: age 0 of low-scoring occurrences
-    _counts: list = field(default_factory=lambda: [[0, 0] for _ in range(AGE_CLASSES + 1)])
+    _continue_at: int | None = None
+    # [successes, failures] of first tokens (fresh / run) and of later tokens ("continue")
+    _counts: dict = field(default_factory=lambda: {"fresh": [0, 0], "run": [0, 0], "continue": [0, 0]})
+    _last: str = "fresh"
 
-    @staticmethod
-    def age_class(age: int) -> int:
-        """``0`` for age 0, then one class per power of two (``1``, ``2-3``, ``4-7`` ...), the last open-ended."""
-        return min(age.bit_length(), AGE_CLASSES - 1)
+    def acceptance(self, kind: str) -> float:
+        """The current estimate of ``h`` (``kind`` ``"fresh"`` or ``"run"``) or of ``a`` (``"continue"``)."""
+        good, bad = self._counts[kind]
+        prior = {"fresh": self.prior_fresh, "run": self.prior_run, "continue": self.prior_continue}[kind]
+        return (good + self.weight * prior) / (good + bad + self.weight)
 
-    def prior(self, cls: int) -> float:
-        if cls == AGE_CLASSES:
-            return self.prior_hit_low
-        if cls == 0:
-            return self.prior_hit
-        low, high = 2 ** (cls - 1), 2**cls - 1
-        return 1.0 - self.prior_hazard * math.sqrt(low * high) ** -self.hazard_decay
-
-    def _class(self, age: int) -> int:
-        return AGE_CLASSES if age == 0 and self._low else self.age_class(age)
-
-    def acceptance(self, age: int, low: bool = False) -> float:
-        """The current estimate of ``p(age)``: P(a token at this copy age is accepted | the ones before were);
-        ``low``: of a fresh occurrence scoring below the threshold (age 0 only)."""
-        cls = AGE_CLASSES if age == 0 and low else self.age_class(age)
-        good, bad = self._counts[cls]
-        return (good + self.weight * self.prior(cls)) / (good + bad + self.weight)
-
-    def for_source(self, j: int, budget: int | None = None, low: bool = False) -> int:
-        """Tokens to draft from occurrence ``j`` (``0``: do not draft); ``budget`` caps it; ``low``: ``j`` scored
-        below the threshold (matters only for a fresh occurrence)."""
+    def for_source(self, j: int, budget: int | None = None) -> int:
+        """Tokens to draft from occurrence ``j`` (``0``: do not draft); ``budget`` caps it."""
         cap = self.max_k if budget is None else min(self.max_k, budget)
-        self._age = self._next_age if j == self._continue_at else 0
-        self._low = low and self._age == 0
+        self._last = "run" if j == self._continue_at else "fresh"
         if self.cost is None or cap < 1:
             return max(cap, 0)
-        best_k, best_gain, expected, reach = 0, 1.0, 1.0, 1.0
+        h, a = self.acceptance(self._last), min(self.acceptance("continue"), 0.999)
+        best_k, best_gain, expected, term = 0, 1.0, 1.0, h
         for k in range(1, cap + 1):
-            # P(the k-th drafted token is accepted)
-            reach *= min(self.acceptance(self._age + k - 1, self._low), 0.999)
-            expected += reach
+            expected += term  # + P(the k-th drafted token is accepted) = h a^(k-1)
+            term *= a
             gain = expected / self.cost(k + 1)
             if gain > best_gain:
                 best_k, best_gain = k, gain
@@ -211,14 +178,12 @@ class DraftLength:
         if source_start is None or drafted == 0:
             self._continue_at = None
             return
-        for age in range(self._age, self._age + accepted):
-            self._counts[self._class(age)][0] += 1
-        if accepted < drafted:
-            self._counts[self._class(self._age + accepted)][1] += 1
-            self._continue_at = None
-        else:  # the target's next token continues the copy iff the next best occurrence is source_start + accepted
-            self._continue_at = source_start + accepted
-            self._next_age = self._age + accepted + 1
+        self._counts[self._last][0 if accepted else 1] += 1
+        if accepted:
+            cont = self._counts["continue"]
+            cont[0] += accepted - 1
+            cont[1] += int(accepted < drafted)
+        self._continue_at = source_start + accepted if accepted >= drafted else None
 
 
 # ------------------------------------------------------------------------------- selected-head attention capture
@@ -349,18 +314,14 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         num_draft_tokens: ``K``, the most tokens drafted per step.
         cost: the measured verification cost curve; with it ``K`` adapts per step (:class:`DraftLength`), without
             it every draft has ``K`` tokens.
-        priors: :class:`DraftLength`'s priors: hit rates of a fresh occurrence scoring at / below ``score_edge``, the
-            hazard after one accepted token, and the hazard's decay with the copy's age.
-        score_edge: adaptive mode: occurrences scoring below it use the low hit rate (default: the variant's tuned
-            threshold, :data:`DEFAULT_MIN_SCORE`).
+        priors: :class:`DraftLength`'s prior hit rates (fresh occurrence, running copy) and continuation rate.
         hidden_size / max_length: size the incremental hidden-state store (PLD+(h)).
         layer: hidden-state index ``l`` (PLD+(h)).
         heads: ``{layer: head indices}`` of the induction heads (PLD+(a)).
         heads_only: ``True`` when ``outputs.attentions`` holds only the selected layers/heads (wrapper), ``False``
             when it holds every layer and head (eager model).
         eos_token_id: drafts are cut after their first EOS (the loop would drop what follows anyway).
-        min_score: skip the draft when the best occurrence scores below this (App. B.3's threshold as a hard floor;
-            ``None``: off).
+        min_score: skip the draft when the best occurrence scores below this (App. B.3's threshold; ``None``: off).
     """
 
     requires_model_outputs = True
@@ -377,8 +338,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         eos_token_id: torch.Tensor | None = None,
         min_score: float | None = None,
         cost: CostCurve | None = None,
-        priors: tuple[float, float, float, float] = DEFAULT_PRIORS,
-        score_edge: float | None = None,
+        priors: tuple[float, float, float] = DEFAULT_PRIORS,
     ):
         if variant not in ("hidden", "attention"):
             raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {variant!r}")
@@ -393,7 +353,6 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self.heads_only = heads_only
         self.eos_token_id = eos_token_id
         self.min_score = min_score
-        self.score_edge = DEFAULT_MIN_SCORE[variant] if score_edge is None else score_edge
         if variant == "hidden":
             if layer is None or hidden_size is None:
                 raise SpecDecError("PLD+(h) needs the hidden-state layer and the hidden size")
@@ -473,7 +432,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         j, score = self._rank(ids)
         if j is None or (self.min_score is not None and score < self.min_score):
             return input_ids, None
-        k = self.lengths.for_source(j, budget, low=score < self.score_edge)
+        k = self.lengths.for_source(j, budget)
         if k < 1:
             return input_ids, None
         draft = ids[j + 1 : min(j + 1 + k, n)]
@@ -568,18 +527,14 @@ def pld_plus(
         pld_max_num_tokens: adaptive mode's largest ``K`` (default :data:`DEFAULT_MAX_TOKENS`).
         pld_cost: adaptive mode's verification cost curve (:class:`~hf_specdec.verify_cost.CostCurve`); default:
             measured once on this machine (a dozen timed forwards on the first call, then cached on the model).
-        pld_priors: adaptive mode's priors ``(h, h_low, r, beta)``: the hit rates of a fresh occurrence scoring at /
-            below the variant's threshold (:data:`DEFAULT_MIN_SCORE`), the hazard after one accepted token and its
-            decay with the copy's age (:class:`DraftLength`; default :data:`DEFAULT_PRIORS`, from the summarize
-            tuning).
+        pld_priors: adaptive mode's prior hit rates of a fresh occurrence and of a running copy, and continuation rate
+            (default :data:`DEFAULT_PRIORS`, from the summarize tuning).
         pld_layer: PLD+(h)'s hidden-state index ``l`` (default: :data:`DEFAULT_LAYER_FRACTION` of the depth).
         pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the default
             target.
         pld_top_heads: how many of the file's top-ranked heads PLD+(a) uses (default :data:`DEFAULT_TOP_HEADS`).
-        pld_min_score: no draft when the best occurrence scores below this (cosine for (h), attention for (a)).
-            Default: with a fixed ``K`` the tuned :data:`DEFAULT_MIN_SCORE`; adaptive mode has no hard floor (a
-            low-scoring occurrence gets the low hit rate, and the cost curve decides whether it is worth a draft).
-            ``-1`` turns it off.
+        pld_min_score: no draft when the best occurrence scores below this (cosine for (h), attention for (a));
+            default :data:`DEFAULT_MIN_SCORE`, ``-1`` turns it off.
         pld_return_attribution: return a :class:`PLDPlusGenerateOutput` whose ``attribution`` lists, for every
             copied-and-accepted span, the context position it was copied from (App. D).
         pld_streamer: a streamer (``TextStreamer`` ...). transformers 5.23's ``generate`` does not hand its own
@@ -590,31 +545,24 @@ def pld_plus(
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
     if input_ids.shape[0] != 1:
         raise SpecDecError("PLD+ (like transformers' assisted decoding) generates for one sequence at a time")
-    if pld_priors is not None and (
-        len(tuple(pld_priors)) != 4
-        or not all(0 <= p <= 1 for p in tuple(pld_priors)[:3])
-        or pld_priors[3] < 0
-    ):
+    if pld_priors is not None and len(tuple(pld_priors)) != 3:
         raise SpecDecError(
-            "pld_priors takes four numbers (h, h_low, r, beta): the hit rates of a fresh occurrence scoring at / below "
-            "the threshold and the hazard after one accepted token, all probabilities, and the hazard's decay with "
-            f"the copy's age, >= 0 (default {DEFAULT_PRIORS}); got {pld_priors!r}"
+            "pld_priors takes three probabilities: the hit rate of a fresh occurrence, of a running copy, and the "
+            f"continuation rate (default {DEFAULT_PRIORS}); got {pld_priors!r}"
         )
     if pld_streamer is not None:
         pld_streamer.put(input_ids.cpu())  # what generate does with its own streamer before decoding
         streamer = pld_streamer
     if pld_num_tokens is not None:
         k, cost = pld_num_tokens, None
-        min_score = DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score)
     else:
         k = DEFAULT_MAX_TOKENS if pld_max_num_tokens is None else pld_max_num_tokens
         cost = pld_cost if pld_cost is not None else measured_cost(model, input_ids[0])
-        min_score = None if pld_min_score is None else float(pld_min_score)
     common = dict(
         num_draft_tokens=k,
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
-        min_score=min_score,
+        min_score=DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score),
         cost=cost,
         priors=DEFAULT_PRIORS if pld_priors is None else tuple(pld_priors),
     )

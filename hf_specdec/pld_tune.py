@@ -13,7 +13,6 @@ The paper tunes on summarization only; so does the default ``--task summarize``.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,9 +20,9 @@ import torch
 
 from .cli import parse_floats, parse_ints
 from .pld_plus_generation import DEFAULT_PRIORS, DraftLength, occurrences, rank_by_attention, rank_by_hidden
-from .verify_cost import CostCurve, forward_times, interpolate, monotone
+from .verify_cost import CostCurve, forward_times, interpolate
 
-Ranker = Callable[[torch.Tensor], "tuple[int | None, float]"]  # (source j or None, its ranking score)
+Ranker = Callable[[torch.Tensor], "int | None"]
 
 
 @dataclass
@@ -45,20 +44,19 @@ def replay(
     eos: set[int],
     max_len: int,
     cost: CostCurve | None = None,
-    priors: tuple[float, float, float, float] = DEFAULT_PRIORS,
-    score_edge: float = float("-inf"),
+    priors: tuple[float, float, float] = DEFAULT_PRIORS,
 ) -> Replay:
     """Replay one greedy PLD-style generation of ``seq[start:]``; ``rank(ids)`` returns the draft's source ``j``
     (the draft is ``ids[j+1 : j+1+K]``, ``K`` from :class:`DraftLength`: fixed ``k``, or adaptive up to ``k``
-    with ``cost``; a score below ``score_edge`` counts as a low-scoring occurrence) or ``None``, and its score."""
+    with ``cost``) or ``None``."""
     n, total = start + 1, seq.shape[0]  # the prefill produced token `start`
     sizes = [start]
     lengths = DraftLength(k, cost, *priors)
     while n < total:
         ids = seq[:n]
         budget = max_len - n - 1
-        j, score = rank(ids) if budget > 0 else (None, 0.0)
-        size = 0 if j is None else lengths.for_source(j, budget, low=score < score_edge)
+        j = rank(ids) if budget > 0 else None
+        size = 0 if j is None else lengths.for_source(j, budget)
         draft = seq[j + 1 : min(j + 1 + size, n)].tolist() if size else []
         for i, tok in enumerate(draft):
             if tok in eos:
@@ -85,8 +83,8 @@ def hf_pld_rank(ngram: int = 2) -> Ranker:
             hits = (windows == ids[-size:]).all(dim=1).nonzero().squeeze(1)
             hits = hits[hits + size < n]
             if hits.numel():
-                return int(hits[0]) + size - 1, float("inf")
-        return None, float("inf")
+                return int(hits[0]) + size - 1
+        return None
 
     return rank
 
@@ -106,7 +104,7 @@ def oracle_rank(seq: torch.Tensor, k: int) -> Ranker:
                 length += 1
             if length > best_len:
                 best, best_len = j, length
-        return best, float("inf")
+        return best
 
     return rank
 
@@ -114,7 +112,7 @@ def oracle_rank(seq: torch.Tensor, k: int) -> Ranker:
 def hidden_rank(unit: torch.Tensor, min_score: float | None = None) -> Ranker:
     def rank(ids: torch.Tensor) -> int | None:
         j, score = rank_by_hidden(unit[: ids.shape[0] - 1], occurrences(ids))
-        return (None if j is None or (min_score is not None and score < min_score) else j), score
+        return None if j is None or (min_score is not None and score < min_score) else j
 
     return rank
 
@@ -125,7 +123,7 @@ def attention_rank(rows: torch.Tensor, row_offset: int, min_score: float | None 
     def rank(ids: torch.Tensor) -> int | None:
         n = ids.shape[0]
         j, score = rank_by_attention(rows[:, n - 2 - row_offset, : n - 1], occurrences(ids))
-        return (None if j is None or (min_score is not None and score < min_score) else j), score
+        return None if j is None or (min_score is not None and score < min_score) else j
 
     return rank
 
@@ -148,21 +146,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--fresh-priors", default="0.2,0.4,0.6", help="adaptive K: fresh-occurrence hit-rate priors"
     )
-    p.add_argument(
-        "--low-priors",
-        default="0.15,0.25,0.35",
-        help="adaptive K: hit-rate priors of a low-scoring occurrence",
-    )
-    p.add_argument(
-        "--hazard-priors",
-        default="0.2,0.32,0.45",
-        help="adaptive K: priors of the hazard after one accepted token",
-    )
-    p.add_argument(
-        "--decay-priors",
-        default="0.3,0.5,0.7",
-        help="adaptive K: priors of the hazard's decay with the copy's age",
-    )
+    p.add_argument("--run-priors", default="0.8,0.9", help="adaptive K: running-copy hit-rate priors")
+    p.add_argument("--cont-priors", default="0.8,0.85,0.9,0.95", help="adaptive K: continuation-rate priors")
     p.add_argument("--top-heads", default="1,3,5,10,20,50", help="numbers of heads swept for PLD+(a)")
     p.add_argument("--heads", default=None, help="heads file for PLD+(a) (default: the shipped one)")
     p.add_argument(
@@ -187,9 +172,8 @@ def run(args) -> int:
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers + 1)) if args.layers == "all" else parse_ints(args.layers)
     ks, tops = parse_ints(args.ks), parse_ints(args.top_heads)
-    fresh_priors, hazard_priors = parse_floats(args.fresh_priors), parse_floats(args.hazard_priors)
-    low_priors = parse_floats(args.low_priors)
-    decay_priors = parse_floats(args.decay_priors)
+    fresh_priors, run_priors = parse_floats(args.fresh_priors), parse_floats(args.run_priors)
+    cont_priors = parse_floats(args.cont_priors)
     h_thresholds, a_thresholds = parse_floats(args.h_thresholds), parse_floats(args.a_thresholds)
     ranked = read_heads_file(args.heads or default_heads_file(model), model=model, top=max(tops))
     capture = {}
@@ -222,16 +206,15 @@ def run(args) -> int:
         print(f"prompt {row['id']}: {start} prompt tokens, {seq.shape[0] - start} new", flush=True)
 
     times = forward_times(model, samples[0][0][: samples[0][1]], [1, 2, 4, 8, 16, 32, 64])
-    times = dict(zip(sorted(times), monotone([times[q] for q in sorted(times)])))  # timing noise out
     print("target forward times (ms): " + ", ".join(f"q={q}: {t * 1000:.1f}" for q, t in times.items()))
 
     cost = CostCurve(times)
 
-    def evaluate(make_rank: Callable, k: int, adaptive: tuple | None, edge: float) -> tuple[float, float]:
+    def evaluate(make_rank: Callable, k: int, adaptive: tuple[float, float] | None) -> tuple[float, float]:
         new = fwd = 0
         spent = base = 0.0
         for seq, start, unit, att in samples:
-            extra = {} if adaptive is None else {"cost": cost, "priors": adaptive, "score_edge": edge}
+            extra = {} if adaptive is None else {"cost": cost, "priors": adaptive}
             rank = oracle_rank(seq, k) if make_rank is oracle_rank else make_rank(unit, att, start - 1)
             r = replay(seq, start, rank, k, eos, start + args.max_new_tokens, **extra)
             new += r.new_tokens
@@ -242,17 +225,14 @@ def run(args) -> int:
 
     lines = ["| setting | K | tau | est. speedup vs ar |", "|---|---:|---:|---:|"]
 
-    def row(name: str, k: int, make_rank: Callable, adaptive=None, edge=float("-inf")) -> tuple[float, float]:
-        tau, speed = evaluate(make_rank, k, adaptive, edge)
-        k_text = f"{k}"
-        if adaptive is not None:
-            k_text = f"adaptive <= {k}, priors h/h_low/r/beta {'/'.join(map(str, adaptive))}"
+    def row(name: str, k: int, make_rank: Callable, adaptive=None) -> tuple[float, float]:
+        tau, speed = evaluate(make_rank, k, adaptive)
+        k_text = f"{k}" if adaptive is None else f"adaptive <= {k}, priors {'/'.join(map(str, adaptive))}"
         lines.append(f"| {name} | {k_text} | {tau:.2f} | {speed:.2f}x |")
         return tau, speed
 
     def tune(name: str, make_rank: Callable, thresholds: list[float]) -> tuple[float, int, tuple]:
-        """Fixed K x threshold (the paper's grid); then adaptive K's priors, the chosen threshold splitting the
-        occurrences into high / low hit rates (no hard floor); one row shows the threshold as a hard floor."""
+        """Fixed K x threshold (the paper's grid), then adaptive K's priors at the best threshold."""
         fixed = {
             (theta, k): row(
                 f"{name}, min_score={theta}", k, lambda u, a, o, th=theta: make_rank(u, a, o, th)
@@ -262,23 +242,17 @@ def run(args) -> int:
         }
         theta, k = max(fixed, key=fixed.get)
         adaptive = {
-            priors: row(
-                f"{name}, score edge {theta}",
+            (pf, pr, pc): row(
+                f"{name}, min_score={theta}",
                 args.max_k,
-                lambda u, a, o: make_rank(u, a, o, None),
-                priors,
-                theta,
+                lambda u, a, o: make_rank(u, a, o, theta),
+                (pf, pr, pc),
             )[1]
-            for priors in itertools.product(fresh_priors, low_priors, hazard_priors, decay_priors)
+            for pf in fresh_priors
+            for pr in run_priors
+            for pc in cont_priors
         }
         priors = max(adaptive, key=adaptive.get)
-        row(
-            f"{name}, min_score={theta} (hard floor)",
-            args.max_k,
-            lambda u, a, o: make_rank(u, a, o, theta),
-            priors,
-            theta,
-        )
         return theta, k, priors
 
     row("hf-pld (2-gram, first match)", 10, lambda u, a, o: hf_pld_rank(2))

@@ -24,39 +24,25 @@ _ATTR = "_hf_specdec_verify_cost"
 
 
 @torch.no_grad()
-def forward_times(model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 5) -> dict:
-    """Seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``.
-
-    Rounds over all sizes are interleaved and each size keeps its fastest round: other work on the machine only ever
-    adds time, so the minimum is the estimate least disturbed by it (a slow one-token round would otherwise make
-    every draft look free)."""
+def forward_times(model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 3) -> dict:
+    """Median seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
     device = next(model.parameters()).device
     context = context.to(device)
     model(context[None], past_key_values=cache, logits_to_keep=1)
-    times = {q: float("inf") for q in sizes}
-    for _ in range(repeats):
-        for q in sizes:
+    times = {}
+    for q in sizes:
+        samples = []
+        for _ in range(repeats):
             x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
             t0 = time.perf_counter()
             model(x, past_key_values=cache, logits_to_keep=q)
-            times[q] = min(times[q], time.perf_counter() - t0)
+            samples.append(time.perf_counter() - t0)
             cache.crop(-q)
+        times[q] = sorted(samples)[len(samples) // 2]
     return times
-
-
-def monotone(values: list[float]) -> list[float]:
-    """The closest non-decreasing sequence in least squares (pool adjacent violators): a forward over more tokens
-    never costs less, so a dip in a timed curve is noise."""
-    blocks: list[list[float]] = []  # [mean, weight]
-    for v in values:
-        blocks.append([v, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m1, w1), (m2, w2) = blocks.pop(-2), blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
-    return [m for m, w in blocks for _ in range(int(w))]
 
 
 def interpolate(times: dict[int, float], q: int) -> float:
@@ -75,9 +61,8 @@ class CostCurve:
     """``c(q)``: the time of a ``q``-token verification forward in one-token forwards (``c(1) = 1``)."""
 
     def __init__(self, times: dict[int, float]):
-        sizes = sorted(times)
-        smooth = monotone([times[q] for q in sizes])
-        self.relative = {q: max(t / smooth[0], 1.0) for q, t in zip(sizes, smooth)}
+        base = times[min(times)]
+        self.relative = {q: max(t / base, 1.0) for q, t in times.items()}
 
     def __call__(self, q: int) -> float:
         return max(interpolate(self.relative, q), 1.0)
@@ -91,7 +76,7 @@ class CostCurve:
         return "CostCurve(" + ", ".join(f"c({q})={c:.2f}" for q, c in sorted(self.relative.items())) + ")"
 
 
-def measured_cost(model, context: torch.Tensor, repeats: int = 5) -> CostCurve:
+def measured_cost(model, context: torch.Tensor, repeats: int = 3) -> CostCurve:
     """The model's :class:`CostCurve` on this machine (timed once per dtype/device/threads, then cached)."""
     device = next(model.parameters()).device
     key = (str(model.dtype), str(device), torch.get_num_threads())

@@ -68,6 +68,8 @@ def _greedy(model, prompt, n, **kwargs):
 
 # adaptive K with a fixed cheap verification cost: whether a tiny model drafts must not depend on timing
 CHEAP = CostCurve.linear(0.02)
+# PLD+ that drafts whenever there is an occurrence (no score floor, cheap verification)
+FORCED = dict(custom_generate=hf_specdec.pld_plus, pld_min_score=-1, pld_cost=CHEAP)
 
 
 def _cyclic_prompt(seed: int, vocab: int = 32, length: int = 12) -> torch.Tensor:
@@ -88,7 +90,7 @@ def test_fig2_semantic_ranking_beats_first_ngram_match():
     ids = torch.tensor([5, 7, 10, 20, 21, 22, 6, 7, 10, 30, 31, 32, 8, 9, 7, 10])
     right = 8  # the second "\n": its continuation 30 31 32 is what the output needs
     assert occurrences(ids).tolist() == [2, 8]
-    assert hf_pld_rank(2)(ids)[0] == 2  # transformers' prompt lookup: first (leftmost) 2-gram match
+    assert hf_pld_rank(2)(ids) == 2  # transformers' prompt lookup: first (leftmost) 2-gram match
     torch.manual_seed(0)
     unit = torch.nn.functional.normalize(torch.randn(ids.shape[0] - 1, 16), dim=-1)
     unit[right - 1] = torch.nn.functional.normalize(
@@ -157,75 +159,45 @@ def test_fixed_draft_length_is_k_within_budget():
 def test_adaptive_draft_length_follows_cost_and_acceptance():
     from hf_specdec.verify_cost import CostCurve
 
-    def best_k(p: list[float], slope: float) -> int:  # brute force of argmax E(K) / c(K + 1)
-        gains = {}
-        for k in range(len(p) + 1):
-            reach = [1.0]
-            for i in range(k):
-                reach.append(reach[-1] * p[i])
-            gains[k] = sum(reach) / (1 + slope * k)
+    def best_k(
+        h: float, a: float, slope: float, cap: int = 64
+    ) -> int:  # brute force of argmax E(K) / c(K + 1)
+        gains = {k: (1 + sum(h * a**i for i in range(k))) / (1 + slope * k) for k in range(cap + 1)}
         return max(gains, key=gains.get)
-
-    def by_hand(h: float, r: float, beta: float, age0: int, cap: int = 64) -> list[float]:
-        """p(age) of the k-th drafted token: h at age 0, else 1 - r * (geometric middle of the age class)^-beta"""
-        out = []
-        for age in range(age0, age0 + cap):
-            cls = min(age.bit_length(), 7)
-            out.append(h if cls == 0 else 1 - r * ((2 ** (cls - 1)) * (2**cls - 1)) ** (-beta / 2))
-        return out
 
     cheap, dear = CostCurve.linear(0.02), CostCurve.linear(0.15)
     for cost, slope in ((cheap, 0.02), (dear, 0.15)):
-        for h, r, beta in ((0.6, 0.4, 0.0), (0.4, 0.32, 0.5), (0.9, 0.1, 1.0)):
-            lengths = pld_module.DraftLength(64, cost, h, 0.1, r, beta, weight=1e9)  # priors frozen
-            assert lengths.for_source(7) == best_k(by_hand(h, r, beta, 0), slope)
-            assert lengths.for_source(7, low=True) == best_k(by_hand(0.1, r, beta, 0), slope)
-    assert pld_module.DraftLength(64, cheap, 0.6, 0.2, 0.3, 0.5).for_source(7) > pld_module.DraftLength(
-        64, dear, 0.6, 0.2, 0.3, 0.5
+        for h, a in ((0.6, 0.6), (0.4, 0.9), (0.9, 0.95)):
+            lengths = pld_module.DraftLength(64, cost, h, 0.9, a, weight=1e9)  # priors frozen
+            assert lengths.for_source(7) == best_k(h, a, slope)
+    assert pld_module.DraftLength(64, cheap, 0.6, 0.9, 0.85).for_source(7) > pld_module.DraftLength(
+        64, dear, 0.6, 0.9, 0.85
     ).for_source(7)  # a cheaper verification drafts more
     assert (
-        pld_module.DraftLength(64, dear, 0.05, 0.05, 0.3, 0.5).for_source(7) == 0
+        pld_module.DraftLength(64, dear, 0.05, 0.9, 0.85).for_source(7) == 0
     )  # not worth a draft: plain step
-    # a low-scoring occurrence: worth a draft where verification is cheap, not where it is dear
-    assert pld_module.DraftLength(64, cheap, 0.6, 0.2, 0.3, 0.5).for_source(7, low=True) > 0
-    steep = CostCurve.linear(0.3)
-    assert pld_module.DraftLength(64, steep, 0.6, 0.2, 0.3, 0.5).for_source(7, low=True) == 0
-    assert pld_module.DraftLength(64, steep, 0.6, 0.2, 0.3, 0.5).for_source(7) > 0
 
-    lengths = pld_module.DraftLength(64, dear, 0.4, 0.2, 0.32, 0.5, weight=4)
+    lengths = pld_module.DraftLength(64, dear, 0.4, 0.9, 0.85, weight=4)
     fresh = lengths.for_source(10)
-    assert fresh > 0
     lengths.update(11, drafted=fresh, accepted=fresh)  # fully accepted: the copy continues at 11 + fresh
-    assert lengths.acceptance(1) > lengths.prior(1)  # ages 1 .. fresh-1 accepted, none rejected
-    running = lengths.for_source(
-        11 + fresh
-    )  # its first token has age fresh + 1 (the bonus token continued it)
-    assert lengths._age == fresh + 1
+    assert lengths.acceptance("continue") > 0.85  # fresh - 1 later tokens accepted, none rejected
+    running = lengths.for_source(11 + fresh)
     assert running > lengths.for_source(12) >= fresh  # only the continuing occurrence counts as a run
-    # an old copy is trusted further than a young one: the hazard falls with the copy's age
-    frozen = pld_module.DraftLength(64, dear, 0.4, 0.2, 0.32, 0.5, weight=1e9)
-    assert frozen.acceptance(40) > frozen.acceptance(5) > frozen.acceptance(1)
-    # fresh drafts keep being rejected at once: their hit rate sinks, drafts shrink to none; later ages (never
-    # tried) stay where they were
-    later = lengths.acceptance(3)
+    # fresh drafts keep being rejected at once: their hit rate sinks, drafts shrink to none; the continuation rate
+    # (never tried) stays where it was
+    cont = lengths.acceptance("continue")
     for _ in range(40):
         k = lengths.for_source(3)
         lengths.update(4, drafted=k, accepted=0)
-    assert lengths.acceptance(0) < 0.15 and lengths.for_source(3) == 0
-    assert lengths.acceptance(3) == later
-    # a fresh draft accepted for 2 of 6 tokens: age 0 and 1 accepted, age 2 rejected, ages 3+ not observed
-    lengths = pld_module.DraftLength(64, dear, 0.5, 0.5, 0.5, 0.0, weight=1e-9)
+    assert lengths.acceptance("fresh") < 0.15 and lengths.for_source(3) == 0
+    assert lengths.acceptance("continue") == cont
+    # a draft accepted for 2 of 6 tokens: one hit, one later token accepted, one rejected
+    lengths = pld_module.DraftLength(64, dear, 0.5, 0.9, 0.5, weight=1e-9)
     lengths.for_source(3)
     lengths.update(4, drafted=6, accepted=2)
-    assert lengths.acceptance(0) == pytest.approx(1.0) and lengths.acceptance(1) == pytest.approx(1.0)
-    assert lengths.acceptance(2) == pytest.approx(0.0, abs=1e-6)
-    assert lengths.acceptance(4) == pytest.approx(0.5)
-    assert lengths.acceptance(0, low=True) == pytest.approx(0.5)  # the low class saw nothing
-    # a low-scoring fresh draft rejected at once counts against the low hit rate only
-    lengths.for_source(9, low=True)
-    lengths.update(10, drafted=3, accepted=0)
-    assert lengths.acceptance(0, low=True) == pytest.approx(0.0, abs=1e-6)
-    assert lengths.acceptance(0) == pytest.approx(1.0)
+    assert lengths.acceptance("fresh") == pytest.approx(1.0) and lengths.acceptance(
+        "continue"
+    ) == pytest.approx(0.5)
     lengths.update(None, drafted=0, accepted=0)
 
 
@@ -258,11 +230,9 @@ def test_greedy_is_token_identical_and_drafts(make, impl, variant, generators, t
             model,
             prompt,
             30,
-            custom_generate=hf_specdec.pld_plus,
+            **FORCED,
             pld_variant=variant,
             pld_heads=heads,
-            pld_min_score=-1,
-            pld_cost=CHEAP,
         )
         assert torch.equal(out, ref), f"seed {seed}"
         accepted += sum(s.length for s in generators[-1].spans)
@@ -346,15 +316,7 @@ def test_streamer_gets_the_prompt_then_every_token():
     model = tiny_llama(vocab_size=32, seed=0)
     prompt = _cyclic_prompt(0)
     streamer = Collect()
-    out = _greedy(
-        model,
-        prompt,
-        20,
-        custom_generate=hf_specdec.pld_plus,
-        pld_min_score=-1,
-        pld_cost=CHEAP,
-        pld_streamer=streamer,
-    )
+    out = _greedy(model, prompt, 20, **FORCED, pld_streamer=streamer)
     assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
     assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
     assert any(len(c) > 1 for c in streamer.chunks[1:])  # accepted drafts arrive several tokens at a time
@@ -364,9 +326,7 @@ def test_hidden_store_keeps_only_verified_positions(generators):
     """After generation the incremental store equals a fresh full forward's normalised layer-l states."""
     model = tiny_llama(vocab_size=32, seed=0)
     prompt = _cyclic_prompt(0)
-    out = _greedy(
-        model, prompt, 25, custom_generate=hf_specdec.pld_plus, pld_layer=1, pld_min_score=-1, pld_cost=CHEAP
-    )
+    out = _greedy(model, prompt, 25, **FORCED, pld_layer=1)
     gen = generators[-1]
     assert 0 < sum(s.length for s in gen.spans) < gen.drafted_tokens  # drafts were accepted and rejected
     with torch.no_grad():
@@ -399,9 +359,7 @@ def test_attribution_points_to_the_copied_text():
         prompt,
         max_new_tokens=30,
         do_sample=False,
-        custom_generate=hf_specdec.pld_plus,
-        pld_min_score=-1,
-        pld_cost=CHEAP,
+        **FORCED,
         pld_return_attribution=True,
     )
     assert torch.equal(out.sequences, model.generate(prompt, max_new_tokens=30, do_sample=False))
@@ -426,14 +384,7 @@ def test_sampling_preserves_the_target_distribution(generators):
     torch.manual_seed(0)
     n, counts = 600, torch.zeros(V, V)
     for _ in range(n):
-        out = model.generate(
-            prompt,
-            max_new_tokens=3,
-            do_sample=True,
-            custom_generate=hf_specdec.pld_plus,
-            pld_min_score=-1,
-            pld_cost=CHEAP,
-        )
+        out = model.generate(prompt, max_new_tokens=3, do_sample=True, **FORCED)
         counts[out[0, -3], out[0, -2]] += 1
     assert (
         sum(g.drafted_steps for g in generators) > n // 2
@@ -516,14 +467,8 @@ def test_bad_heads_files_and_layers_give_clear_errors(tmp_path):
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_variant="attention")
     with pytest.raises(SpecDecError, match="pld_variant"):
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_variant="magic")
-    with pytest.raises(SpecDecError, match="four numbers"):  # an older three-prior form
-        model.generate(
-            prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_priors=(0.4, 0.9, 0.85)
-        )
-    with pytest.raises(SpecDecError, match="four numbers"):  # a hit rate is a probability
-        model.generate(
-            prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_priors=(1.5, 0.2, 0.3, 0.5)
-        )
+    with pytest.raises(SpecDecError, match="three probabilities"):  # the old two-prior form
+        model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_priors=(0.6, 0.9))
 
 
 def test_find_heads_cli_rejects_an_unknown_task(tmp_path, capsys):
@@ -555,8 +500,6 @@ def test_oracle_rank_picks_the_occurrence_the_target_accepts_most_of():
     # context: "7 4 5 | 7 4 9 | 7" ; the greedy output goes on "4 9 1": the occurrence at 3 is the right one
     seq = torch.tensor([7, 4, 5, 7, 4, 9, 7, 4, 9, 1])
     rank = oracle_rank(seq, k=3)
-    assert (
-        rank(seq[:7])[0] == 3 and hf_pld_rank(2)(seq[:7])[0] == 0
-    )  # n-gram matching takes the first (wrong) one
+    assert rank(seq[:7]) == 3 and hf_pld_rank(2)(seq[:7]) == 0  # n-gram matching takes the first (wrong) one
     run = replay(seq, start=6, rank=rank, k=3, eos=set(), max_len=10)
     assert run.forwards == 2 and run.new_tokens == 4  # prefill -> 7; then one step accepts "4 9" + bonus "1"

@@ -1,6 +1,6 @@
 import torch
 
-from hf_specdec.verify_cost import SIZES, CostCurve, interpolate, measured_cost, monotone
+from hf_specdec.verify_cost import SIZES, CostCurve, interpolate, measured_cost
 from tests.conftest import tiny_llama
 
 
@@ -11,19 +11,9 @@ def test_interpolation_and_extrapolation():
 
 
 def test_cost_curve_is_relative_to_one_token_and_never_below_it():
-    curve = CostCurve({1: 0.02, 4: 0.03, 16: 0.05})
-    assert curve(1) == 1.0 and abs(curve(4) - 1.5) < 1e-9 and abs(curve(16) - 2.5) < 1e-9 and curve(2) > 1.0
+    curve = CostCurve({1: 0.02, 4: 0.03, 16: 0.019})  # a noisy measurement below t(1) is clamped to 1
+    assert curve(1) == 1.0 and abs(curve(4) - 1.5) < 1e-9 and curve(16) == 1.0 and curve(2) > 1.0
     assert abs(CostCurve.linear(0.1)(11) - 2.0) < 1e-9
-
-
-def test_cost_curve_is_monotone_in_the_query_length():
-    # timing noise: a 16-token forward measured faster than a 4-token one is pooled with it (least squares)
-    curve = CostCurve({1: 0.02, 4: 0.04, 16: 0.03, 64: 0.08})
-    assert abs(curve(4) - 1.75) < 1e-9 and abs(curve(16) - 1.75) < 1e-9 and abs(curve(64) - 4.0) < 1e-9
-    # a slow one-token round pooled with faster longer ones: nothing is cheaper than a plain step
-    curve = CostCurve({1: 0.05, 4: 0.03, 16: 0.04})
-    assert curve(4) == curve(16) == 1.0
-    assert monotone([3.0, 1.0, 2.0, 5.0]) == [2.0, 2.0, 2.0, 5.0]
 
 
 def test_measured_once_per_model_and_dtype():
