@@ -19,6 +19,7 @@ COMMANDS = [
     "hf_specdec.pld_tune",
     "hf_specdec.tree_replay",
     "hf_specdec.trainers.calibration",
+    "hf_specdec.trainers.corpus",
 ]
 
 

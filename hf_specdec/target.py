@@ -103,6 +103,19 @@ def load_target(
     return lm, tokenizer
 
 
+def load_tokenizer(model: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``model`` (the default target when None), without loading the weights."""
+    path = default_target_path() if model is None else model
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecDecError(
+            f"--target {model}: no tokenizer that transformers can load offline there ({first}); "
+            "pass a local model folder, or omit it for the default target"
+        ) from None
+
+
 def load_default_target(dtype: str | torch.dtype = "bf16") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` for SmolLM2-135M-Instruct, the embedded default target."""
     return load_target(None, dtype)

@@ -203,11 +203,19 @@ class GlideCrossAttention(nn.Module):
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         cos, sin = cos_sin
         q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
+        visible = None
+        if mask is not None:
+            # A query with no visible target key gets no cross-attention signal. It attends to key 0 inside the
+            # kernel so that its softmax stays finite (a fully masked row is NaN in some SDPA kernels, and NaN
+            # would reach every gradient in the backward pass), and its output is zeroed below.
+            visible = mask.any(-1, keepdim=True)
+            first = torch.arange(mask.shape[-1], device=mask.device) == 0
+            mask = mask | (~visible & first)
         out = F.scaled_dot_product_attention(
             q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
         )
-        if mask is not None:  # a query with no visible target key gets no cross-attention signal (not NaN)
-            out = torch.where(mask.any(-1, keepdim=True), out, torch.zeros((), dtype=out.dtype))
+        if visible is not None:
+            out = torch.where(visible, out, torch.zeros((), dtype=out.dtype))
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 

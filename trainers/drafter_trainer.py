@@ -40,16 +40,22 @@ from transformers import Trainer, TrainerCallback
 
 from hf_specdec.errors import SpecDecError
 
-from .losses import expected_acceptance
+from .losses import expected_acceptance, kl_loss
 
 IGNORE_INDEX = -100
 
 
 class DrafterTrainer(Trainer):
-    def __init__(self, *args, target: torch.nn.Module, kl_weight: float = 0.0, **kwargs):
+    """``loss``: ``"ce"`` (cross entropy on the data's tokens, plus ``kl_weight`` x KL) or ``"kl"`` (KL(P_t || P_d)
+    alone, edd-pct.txt eq. 4; ``trainers/losses.py``)."""
+
+    def __init__(self, *args, target: torch.nn.Module, loss: str = "ce", kl_weight: float = 0.0, **kwargs):
+        if loss not in ("ce", "kl"):
+            raise SpecDecError(f"DrafterTrainer loss must be 'ce' or 'kl', got {loss!r}")
         kwargs.setdefault("data_collator", _stack_collator)
         super().__init__(*args, **kwargs)
         self.target = target.eval().requires_grad_(False)
+        self.loss = loss
         self.kl_weight = kl_weight
 
     # ------------------------------------------------------------------ one batch
@@ -104,9 +110,15 @@ class DrafterTrainer(Trainer):
         return ce, kl
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        r = self._forward(model, inputs["input_ids"], inputs["labels"], need_target_logits=self.kl_weight > 0)
-        ce, kl = self._losses(r)
-        loss = ce if kl is None else ce + self.kl_weight * kl
+        kl_only = self.loss == "kl"
+        r = self._forward(
+            model, inputs["input_ids"], inputs["labels"], need_target_logits=kl_only or self.kl_weight > 0
+        )
+        if kl_only:
+            loss = kl_loss(r["logits"], r["target_logits"])
+        else:
+            ce, kl = self._losses(r)
+            loss = ce if kl is None else ce + self.kl_weight * kl
         return (loss, {"logits": r["logits"]}) if return_outputs else loss
 
     # ------------------------------------------------------------------ validation

@@ -4,8 +4,8 @@ Data: ShareGPT conversations in the target's chat template, packed into blocks, 
 (``trainers/data.py``), with a validation split. Each step the frozen target encodes the batch under no_grad
 (its hidden states of layer ``encoder_layer`` are EDD's soft prompt, its next-token distribution the KL target),
 EDD runs teacher-forced under the dual-block mask with a block length drawn from [5, 10] (``trainers/masks.py``),
-and the loss is ``KL(P_t || P_d)`` (eq. 4; ``trainers/losses.py``). Trainer: the shared ``DrafterTrainer``
-(``trainers/drafter_trainer.py``) with the loss swapped by :class:`EddTrainer`. Resumable (``--resume``),
+and the loss is ``KL(P_t || P_d)`` (eq. 4; ``trainers/losses.py``). The run is the one shared with GLIDE
+(``trainers/drafter_run.py``, ``DrafterTrainer`` with ``loss="kl"``). Resumable (``--resume``),
 progress bar, validation (KL, CE, top-1 agreement with the target), loss curve and model card.
 
 Ablations of Table 3: ``--no-soft-prompt`` (w/o encoding result), ``--loss ce`` (w/o KL divergence),
@@ -15,9 +15,6 @@ Ablations of Table 3: ``--no-soft-prompt`` (w/o encoding result), ``--loss ce`` 
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
-import time
 from pathlib import Path
 
 import torch
@@ -52,23 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
 
 
-def _trainer_class():
-    from hf_specdec.trainers.drafter_trainer import DrafterTrainer
-    from hf_specdec.trainers.losses import draft_loss
-
-    class EddTrainer(DrafterTrainer):
-        """``DrafterTrainer`` whose training loss is the drafter's configured one: KL (eq. 4) or CE."""
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            drafter = self.accelerator.unwrap_model(model)
-            kind = drafter.config.loss
-            r = self._forward(model, inputs["input_ids"], inputs["labels"], need_target_logits=kind == "kl")
-            loss = draft_loss(kind, r["logits"], r["gold"], r.get("target_logits"))
-            return (loss, {"logits": r["logits"]}) if return_outputs else loss
-
-    return EddTrainer
-
-
 def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
     """Greedy tau/alpha of the chain (``assistant_model=drafter``) and of PCT on the first mt-bench prompts, and
     whether both outputs equal plain greedy decoding."""
@@ -82,7 +62,7 @@ def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) 
     identical = True
     proposer = EddTreeProposer(drafter, "pct")
     for row in rows:
-        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids
+        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids.to(target.device)
         kw = dict(
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
         )
@@ -154,29 +134,11 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     return write_drafter_card(out_dir, info, intro, fields, footnote)
 
 
-def run(args) -> int:
+def _build(args, target):
     from hf_specdec.modeling import EddConfig, EddForCausalLM
-    from hf_specdec.trainers.calibration import calibrate_drafter, describe
-    from hf_specdec.trainers.data import install_draft_vocab, packed_dataset
-    from hf_specdec.trainers.drafter_trainer import TimeLimitCallback, write_training_curve
-    from transformers import TrainingArguments, set_seed
 
-    from hf_specdec.target import load_target
-
-    if args.max_steps < 1:
-        raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
     if not 1 <= args.block_min <= args.block_max:
         raise SpecDecError(f"need 1 <= --block-min <= --block-max (got {args.block_min}, {args.block_max})")
-    set_seed(args.seed)
-    t_start = time.perf_counter()
-    target, tokenizer = load_target(args.target, args.dtype)
-    target.requires_grad_(False)
-    n_train = args.max_steps * args.batch_size * args.grad_accum
-    print(
-        f"packing ShareGPT into {n_train} train / {args.eval_blocks} validation blocks of {args.block_size} tokens"
-    )
-    train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train)
-    valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.eval_blocks)
     config = EddConfig.for_target(
         target,
         encoder_layer=args.encoder_layer,
@@ -185,87 +147,45 @@ def run(args) -> int:
         block_max=args.block_max,
         loss=args.loss,
     )
-    drafter = EddForCausalLM(config).to(target.dtype)
+    drafter = EddForCausalLM(config).to(device=target.device, dtype=target.dtype)
     drafter.attach_target(target)
     if args.init == "target":
         drafter.init_from_target(target)
-    coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
+    return drafter
 
-    targs = TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.lr,
-        weight_decay=0.0,
-        lr_scheduler_type="cosine",
-        warmup_steps=args.warmup_steps,
-        logging_steps=args.logging_steps,
-        eval_strategy="steps",
-        eval_steps=args.eval_steps,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        report_to=[],
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        seed=args.seed,
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=False,
+
+def _architecture(args, drafter, coverage) -> str:
+    config = drafter.config
+    return (
+        f"1 {config.layer_config['model_type']} decoder layer (hidden {config.hidden_size}), soft prompt = "
+        + (f"target hidden_states[{config.encoder_layer}]" if config.soft_prompt else "none (ablation)")
+        + f", dual-block mask L ~ U[{config.block_min}, {config.block_max}], loss {config.loss}, init {args.init}"
+        + (
+            f", draft vocab {config.draft_vocab_size} (coverage {coverage:.1%})"
+            if coverage is not None
+            else ""
+        )
     )
-    trainer = _trainer_class()(
-        model=drafter,
-        args=targs,
-        train_dataset=train,
-        eval_dataset=valid,
-        target=target,
-        callbacks=[TimeLimitCallback.from_args(args)],
-    )
-    resume = None
-    if args.resume:
-        ckpts = sorted(Path(args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-        if not ckpts:
-            raise SpecDecError(
-                f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
-            )
-        resume = str(ckpts[-1])
-    t_train = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
-    train_seconds = time.perf_counter() - t_train
-    metrics = trainer.evaluate()
+
+
+def _calibrate(trainer) -> dict:
+    from hf_specdec.trainers.calibration import calibrate_drafter, describe
+
     calibration = calibrate_drafter(trainer)  # PCT's confidences (trainers/calibration.py)
     print(f"calibration: {describe(calibration)}")
-    drafter.save_pretrained(args.output_dir)
-    write_training_curve(trainer.state.log_history, args.output_dir)
-    info = {
-        "target": config.target,
-        "architecture": (
-            f"1 {config.layer_config['model_type']} decoder layer (hidden {config.hidden_size}), soft prompt = "
-            + (f"target hidden_states[{config.encoder_layer}]" if config.soft_prompt else "none (ablation)")
-            + f", dual-block mask L ~ U[{config.block_min}, {config.block_max}], loss {config.loss}, init {args.init}"
-            + (
-                f", draft vocab {config.draft_vocab_size} (coverage {coverage:.1%})"
-                if coverage is not None
-                else ""
-            )
-        ),
-        "data": f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised)",
-        "steps": trainer.state.global_step,
-        "train_tokens": trainer.state.global_step * args.batch_size * args.grad_accum * args.block_size,
-        "budget": f"{train_seconds / 60:.1f} min on {torch.get_num_threads()} CPU threads ({args.dtype}), "
-        f"batch {args.batch_size}x{args.grad_accum}, lr {args.lr}",
-        "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
-        "calibration": describe(calibration),
-        "command": "hf-specdec " + shlex.join(sys.argv[1:])
-        if sys.argv and "hf-specdec" in sys.argv[0]
-        else "",
-    }
-    if args.measure_prompts:
-        info["measured"] = measure(target, tokenizer, drafter, args.measure_prompts)
-        print(f"measured on {args.measure_prompts} mt-bench prompts: {info['measured']}")
-    write_model_card(args.output_dir, info)
-    print(
-        f"saved EDD to {args.output_dir} ({trainer.state.global_step} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
+    return {"calibration": describe(calibration)}
+
+
+def run(args) -> int:
+    from hf_specdec.trainers.drafter_run import DrafterRecipe, run_drafter_training
+
+    recipe = DrafterRecipe(
+        name="EDD",
+        build=_build,
+        loss=lambda args, drafter: (drafter.config.loss, 0.0),
+        architecture=_architecture,
+        measure=measure,
+        write_card=write_model_card,
+        after_training=_calibrate,
     )
-    return 0
+    return run_drafter_training(args, recipe)

@@ -9,15 +9,10 @@ its KV cache; the drafter reads it through the block-wise cross-attention mask (
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
-import time
 from pathlib import Path
 
 import torch
 from hf_specdec.trainers.run_options import add_job_arguments, add_run_arguments
-
-from hf_specdec.errors import SpecDecError
 
 DEFAULT_GLIDE_DIR = "runs/glide-smollm2"
 DEFAULT_VANILLA_DIR = "runs/vanilla-smollm2"
@@ -39,7 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--mask-block", type=int, default=5, help="L of the block-wise cross-attention mask")
     p.add_argument("--draft-vocab", type=int, default=0, help="keep only the N most frequent tokens (0: all)")
-    p.add_argument("--kl-weight", type=float, default=0.0, help="weight of KL(target || drafter)")
+    p.add_argument(
+        "--loss",
+        choices=["ce", "kl"],
+        default="ce",
+        help="ce: cross entropy on the data (+ --kl-weight x KL); kl: KL(target || drafter) alone",
+    )
+    p.add_argument(
+        "--kl-weight", type=float, default=0.0, help="with --loss ce: weight of KL(target || drafter)"
+    )
     p.add_argument(
         "--init", choices=["target", "random"], default="target", help="warm start from target layers"
     )
@@ -55,7 +58,7 @@ def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) 
     rows = load_task("mt-bench", tokenizer, prompts)
     new = fwd = drafted = accepted = 0
     for row in rows:
-        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids
+        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids.to(target.device)
         with ForwardMeter(target) as meter, torch.no_grad():
             out = target.generate(
                 input_ids=ids,
@@ -124,26 +127,9 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     return write_drafter_card(out_dir, info, intro, fields, footnote)
 
 
-def run(args) -> int:
+def _build(args, target):
     from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-    from hf_specdec.trainers.data import install_draft_vocab, packed_dataset
-    from hf_specdec.trainers.drafter_trainer import DrafterTrainer, TimeLimitCallback, write_training_curve
-    from transformers import TrainingArguments, set_seed
 
-    from hf_specdec.target import load_target
-
-    if args.max_steps < 1:
-        raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
-    set_seed(args.seed)
-    t_start = time.perf_counter()
-    target, tokenizer = load_target(args.target, args.dtype)
-    target.requires_grad_(False)
-    n_train = args.max_steps * args.batch_size * args.grad_accum
-    print(
-        f"packing ShareGPT into {n_train} train / {args.eval_blocks} validation blocks of {args.block_size} tokens"
-    )
-    train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train)
-    valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.eval_blocks)
     target_layers = [int(x) for x in args.target_layers.split(",")] if args.target_layers else None
     config = GlideConfig.for_target(
         target,
@@ -152,88 +138,38 @@ def run(args) -> int:
         target_layers=target_layers,
         block_size=args.mask_block,
     )
-    drafter = GlideForCausalLM(config).to(target.dtype)
+    drafter = GlideForCausalLM(config).to(device=target.device, dtype=target.dtype)
     drafter.attach_target(target)
     if args.init == "target":
         drafter.init_from_target(target)
-    coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
+    return drafter
 
-    targs = TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.lr,
-        weight_decay=0.0,
-        lr_scheduler_type="cosine",
-        warmup_steps=args.warmup_steps,
-        logging_steps=args.logging_steps,
-        eval_strategy="steps",
-        eval_steps=args.eval_steps,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        report_to=[],
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        seed=args.seed,
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=False,
-    )
-    trainer = DrafterTrainer(
-        model=drafter,
-        args=targs,
-        train_dataset=train,
-        eval_dataset=valid,
-        target=target,
-        kl_weight=args.kl_weight,
-        callbacks=[TimeLimitCallback.from_args(args)],
-    )
-    resume = None
-    if args.resume:
-        ckpts = sorted(Path(args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-        if not ckpts:
-            raise SpecDecError(
-                f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
-            )
-        resume = str(ckpts[-1])
-    t_train = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
-    train_seconds = time.perf_counter() - t_train
-    metrics = trainer.evaluate()
-    drafter.save_pretrained(args.output_dir)
-    write_training_curve(trainer.state.log_history, args.output_dir)
 
-    info = {
-        "target": config.target_info,
-        "cross_attention": config.cross_attention,
-        "architecture": (
-            f"{config.num_hidden_layers} layer(s) d_D={config.hidden_size}, "
-            + (
-                f"cross-attention into target layers {config.target_layers}, "
-                if config.cross_attention
-                else "no cross-attention, "
-            )
-            + f"block mask L={config.block_size}, draft vocab "
-            + (f"{config.draft_vocab_size} (coverage {coverage:.1%})" if coverage is not None else "full")
-            + f", init {args.init}"
-        ),
-        "data": f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised)",
-        "steps": trainer.state.global_step,
-        "train_tokens": trainer.state.global_step * args.batch_size * args.grad_accum * args.block_size,
-        "budget": f"{train_seconds / 60:.1f} min on {torch.get_num_threads()} CPU threads ({args.dtype}), "
-        f"batch {args.batch_size}x{args.grad_accum}, lr {args.lr}, kl {args.kl_weight}",
-        "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
-        "command": "hf-specdec " + shlex.join(sys.argv[1:])
-        if sys.argv and "hf-specdec" in sys.argv[0]
-        else "",
-    }
-    if args.measure_prompts:
-        info["measured"] = measure(target, tokenizer, drafter, args.measure_prompts)
-        print(f"measured on {args.measure_prompts} mt-bench prompts: {info['measured']}")
-    write_model_card(args.output_dir, info)
-    print(
-        f"saved drafter to {args.output_dir} ({trainer.state.global_step} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
+def _architecture(args, drafter, coverage) -> str:
+    config = drafter.config
+    return (
+        f"{config.num_hidden_layers} layer(s) d_D={config.hidden_size}, "
+        + (
+            f"cross-attention into target layers {config.target_layers}, "
+            if config.cross_attention
+            else "no cross-attention, "
+        )
+        + f"block mask L={config.block_size}, draft vocab "
+        + (f"{config.draft_vocab_size} (coverage {coverage:.1%})" if coverage is not None else "full")
+        + f", init {args.init}"
     )
-    return 0
+
+
+def run(args) -> int:
+    from hf_specdec.trainers.drafter_run import DrafterRecipe, run_drafter_training
+
+    recipe = DrafterRecipe(
+        name="GLIDE" if not args.no_cross_attention else "the vanilla drafter",
+        build=_build,
+        loss=lambda args, drafter: (args.loss, args.kl_weight),
+        architecture=_architecture,
+        measure=measure,
+        write_card=write_model_card,
+        extra_info=lambda drafter: {"cross_attention": drafter.config.cross_attention},
+    )
+    return run_drafter_training(args, recipe)

@@ -20,6 +20,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-minutes", type=float, default=None, help="stop (and save) after this much wall time"
     )
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="pre-tokenized ShareGPT from `hf-specdec corpus --out DIR` (default: tokenize ShareGPT now)",
+    )
+    p.add_argument(
+        "--bf16", action="store_true", help="bf16 mixed precision (a GPU, or a CPU with native bf16)"
+    )
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

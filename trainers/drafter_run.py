@@ -1,0 +1,188 @@
+"""The one training entry shared by ``hf-specdec train glide`` and ``train edd``: what differs is a ``DrafterRecipe``.
+
+Steps: load the frozen target, build the training / validation blocks (from ``--corpus``, a pre-tokenized corpus,
+or by tokenizing ShareGPT now), build ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the
+Trainer moves only the drafter), build the drafter there (the recipe), train with ``DrafterTrainer`` (resuming
+from ``get_last_checkpoint(--output-dir)`` with ``--resume``), evaluate, run the recipe's post-training step (EDD:
+confidence calibration), save the drafter, its training curve and model card.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hf_specdec.errors import SpecDecError
+
+
+@dataclass
+class DrafterRecipe:
+    """What one drafter's training does differently.
+
+    - ``build(args, target) -> drafter``: the drafter for ``target`` (on the target's device, not yet attached);
+    - ``loss(args, drafter) -> (kind, kl_weight)``: ``DrafterTrainer``'s loss (``"ce"`` plus ``kl_weight`` x KL,
+      or ``"kl"``, eq. 4 of edd-pct.txt);
+    - ``architecture(args, drafter, coverage) -> str``: the card's architecture line;
+    - ``after_training(trainer) -> dict``: extra card entries after the final evaluation (may be empty);
+    - ``measure(target, tokenizer, drafter, prompts) -> dict``: the card's quick greedy measurement;
+    - ``write_card(out_dir, info)``: the model card;
+    - ``extra_info(drafter) -> dict``: other card entries.
+    """
+
+    name: str
+    build: Callable
+    loss: Callable
+    architecture: Callable
+    measure: Callable
+    write_card: Callable
+    after_training: Callable = lambda trainer: {}
+    extra_info: Callable = lambda drafter: {}
+
+
+def training_blocks(args, tokenizer):
+    """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now."""
+    n_train = args.max_steps * args.batch_size * args.grad_accum
+    source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
+    print(
+        f"packing {source} into {n_train} train / {args.eval_blocks} validation blocks of {args.block_size} tokens"
+    )
+    if args.corpus:
+        from .corpus import packed_from_corpus
+
+        train = packed_from_corpus(args.corpus, "train", args.block_size, n_train, tokenizer)
+        valid = packed_from_corpus(args.corpus, "validation", args.block_size, args.eval_blocks, tokenizer)
+    else:
+        from .data import packed_dataset
+
+        train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train)
+        valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.eval_blocks)
+    if len(train) < n_train:
+        print(f"{len(train)} train blocks: {n_train / len(train):.2f} epochs over them")
+    return train, valid
+
+
+def training_arguments(args):
+    """``TrainingArguments`` of a drafter run (cosine schedule, evaluation and checkpoints every N steps)."""
+    from transformers import TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    if args.bf16 and not cuda:
+        print("--bf16 on a CPU: mixed precision is emulated unless the CPU has native bf16 (slower)")
+    return TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.lr,
+        weight_decay=0.0,
+        lr_scheduler_type="cosine",
+        warmup_steps=args.warmup_steps,
+        logging_steps=args.logging_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=args.seed,
+        use_cpu=not cuda,
+        bf16=bool(args.bf16),
+        disable_tqdm=False,
+    )
+
+
+def resume_checkpoint(args) -> str | None:
+    """The checkpoint ``--resume`` continues from (``get_last_checkpoint``); None without ``--resume``."""
+    if not args.resume:
+        return None
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+    if last is None:
+        raise SpecDecError(
+            f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
+        )
+    return last
+
+
+def run_drafter_training(args, recipe: DrafterRecipe) -> int:
+    """Train, evaluate and save one drafter as ``recipe`` says (module docstring)."""
+    from transformers import set_seed
+
+    from hf_specdec.target import load_target
+
+    from .data import install_draft_vocab
+    from .drafter_trainer import DrafterTrainer, TimeLimitCallback, write_training_curve
+
+    if args.max_steps < 1:
+        raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
+    set_seed(args.seed)
+    t_start = time.perf_counter()
+    target, tokenizer = load_target(args.target, args.dtype)
+    target.requires_grad_(False)
+    train, valid = training_blocks(args, tokenizer)
+    targs = training_arguments(args)
+    target.to(targs.device)  # the Trainer places the drafter; the frozen target is ours to place
+    drafter = recipe.build(args, target)
+    coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
+    kind, kl_weight = recipe.loss(args, drafter)
+    trainer = DrafterTrainer(
+        model=drafter,
+        args=targs,
+        train_dataset=train,
+        eval_dataset=valid,
+        target=target,
+        loss=kind,
+        kl_weight=kl_weight,
+        callbacks=[TimeLimitCallback.from_args(args)],
+    )
+    resume = resume_checkpoint(args)
+    t_train = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.perf_counter() - t_train
+    metrics = trainer.evaluate()
+    extra = recipe.after_training(trainer)
+    drafter.save_pretrained(args.output_dir)
+    write_training_curve(trainer.state.log_history, args.output_dir)
+    where = (
+        torch.cuda.get_device_name(targs.device)
+        if targs.device.type == "cuda"
+        else f"{torch.get_num_threads()} CPU threads"
+    )
+    steps = trainer.state.global_step
+    info = {
+        "target": getattr(drafter.config, drafter.fingerprint_field),
+        **recipe.extra_info(drafter),
+        "architecture": recipe.architecture(args, drafter, coverage),
+        "data": (
+            f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised"
+            + (", pre-tokenized corpus)" if args.corpus else ")")
+        ),
+        "steps": steps,
+        "train_tokens": steps * args.batch_size * args.grad_accum * args.block_size,
+        "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if args.bf16 else ''}), "
+        f"batch {args.batch_size}x{args.grad_accum}, lr {args.lr}, loss {kind}"
+        + (f" + {kl_weight} x kl" if kind == "ce" and kl_weight else ""),
+        "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
+        **extra,
+        "command": "hf-specdec " + shlex.join(sys.argv[1:])
+        if sys.argv and "hf-specdec" in sys.argv[0]
+        else "",
+    }
+    if args.measure_prompts:
+        info["measured"] = recipe.measure(target, tokenizer, drafter, args.measure_prompts)
+        print(f"measured on {args.measure_prompts} mt-bench prompts: {info['measured']}")
+    recipe.write_card(args.output_dir, info)
+    print(
+        f"saved {recipe.name} to {args.output_dir} ({steps} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
+    )
+    return 0
