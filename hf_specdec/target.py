@@ -56,19 +56,23 @@ def _gguf_folder() -> Path:
     return folder
 
 
-def default_target_path() -> Path:
-    """Folder of the converted default target; converts the GGUF on first use."""
-    out = home() / "targets" / DEFAULT_TARGET_NAME
-    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
-        return out
-    folder = _gguf_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF, dtype=torch.float32)
+def _convert_gguf(folder: Path, filename: str, out: Path, name: str) -> Path:
+    """De-quantize ``folder/filename`` with transformers and save it as a plain fp32 safetensors checkpoint (plus
+    tokenizer) in ``out``; written to a temporary folder first, so a half-written conversion is never used."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except Exception as exc:  # a truncated / foreign file fails deep inside the GGUF reader
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecDecError(
+            f"{folder / filename}: not a GGUF causal LM that transformers can de-quantize ({first}); "
+            "check the file (re-download it) or pass a model folder instead"
+        ) from None
     # Drop the GGUF provenance so the saved checkpoint loads as a plain fp32 model.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
-    model.config.name_or_path = DEFAULT_TARGET_NAME
+    model.config.name_or_path = name
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
@@ -79,15 +83,71 @@ def default_target_path() -> Path:
     return out
 
 
+def _converted(out: Path) -> bool:
+    return (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+
+
+def default_target_path() -> Path:
+    """Folder of the converted default target; converts the GGUF on first use."""
+    out = home() / "targets" / DEFAULT_TARGET_NAME
+    if _converted(out):
+        return out
+    return _convert_gguf(_gguf_folder(), DEFAULT_TARGET_GGUF, out, DEFAULT_TARGET_NAME)
+
+
+def gguf_target_path(gguf: str | os.PathLike, gguf_file: str | None = None) -> Path:
+    """Folder of a GGUF model de-quantized to safetensors: ``gguf`` is a ``.gguf`` file, or a folder holding
+    ``gguf_file``. Converted once, cached under ``$HF_SPECDEC_HOME/targets`` by the file's sha1 (a changed file is
+    converted again), exactly as the default target is."""
+    path = Path(gguf)
+    if gguf_file is not None:
+        path = path / gguf_file
+    if not path.is_file():
+        raise SpecDecError(
+            f"GGUF file {path} not found; pass a .gguf file, or a folder plus --gguf-file NAME"
+        )
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    out = home() / "targets" / f"{path.stem}-{digest.hexdigest()[:16]}"
+    if _converted(out):
+        return out
+    print(f"converting {path} to safetensors under {out.parent} (once)")
+    return _convert_gguf(path.parent, path.name, out, path.stem)
+
+
+def resolve_model_path(model: str | os.PathLike | None, gguf_file: str | None = None) -> str | Path:
+    """What ``from_pretrained`` should load for ``--model``: the converted default target (None), a converted GGUF
+    (a ``.gguf`` file, or a folder plus ``gguf_file``), else ``model`` itself (a folder or a cached Hub id)."""
+    if model is None:
+        if gguf_file is not None:
+            raise SpecDecError("--gguf-file names a file inside --model's folder; pass --model too")
+        return default_target_path()
+    path = Path(model)
+    if gguf_file is not None or path.suffix == ".gguf":
+        return gguf_target_path(path, gguf_file)
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if ggufs:
+            raise SpecDecError(
+                f"{path} holds GGUF files ({', '.join(ggufs)}) but no config.json: pass --gguf-file NAME "
+                "(or the .gguf file itself)"
+            )
+    return model
+
+
 def load_target(
-    model: str | os.PathLike | None = None, dtype: str | torch.dtype = "fp32"
+    model: str | os.PathLike | None = None, dtype: str | torch.dtype = "fp32", gguf_file: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` for a causal LM: the default target when ``model`` is None.
 
-    ``model`` may be a local folder or a Hub id already in the local HF cache (no network at run time).
+    ``model`` may be a local folder, a Hub id already in the local HF cache (no network at run time), a ``.gguf``
+    file, or a folder holding the GGUF named by ``gguf_file`` (de-quantized once to safetensors and cached by the
+    file's hash, like the default target: :func:`gguf_target_path`).
     """
     torch_dtype = resolve_dtype(dtype)
-    path = default_target_path() if model is None else model
+    path = resolve_model_path(model, gguf_file)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
@@ -103,9 +163,12 @@ def load_target(
     return lm, tokenizer
 
 
-def load_tokenizer(model: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``model`` (the default target when None), without loading the weights."""
-    path = default_target_path() if model is None else model
+def load_tokenizer(
+    model: str | os.PathLike | None = None, gguf_file: str | None = None
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``model`` (the default target when None; a GGUF as in :func:`load_target`), without loading
+    the weights."""
+    path = resolve_model_path(model, gguf_file)
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:
