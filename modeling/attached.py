@@ -40,7 +40,7 @@ class TargetAttachedMixin:
     class-specific attach work goes in :meth:`_attach_extra`."""
 
     drafter_name = "drafter"  # the method's name in messages ("EDD", "GLIDE")
-    fingerprint_field = "target"  # the config field holding the target's fingerprint
+    fingerprint_field = "target_info"  # the config field holding the target's fingerprint
 
     @property
     def target(self) -> PreTrainedModel | None:

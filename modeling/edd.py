@@ -62,14 +62,15 @@ class EddConfig(PretrainedConfig):
     - ``block_min`` / ``block_max``: block lengths L drawn uniformly per training step (App. B: 5-10; equal
       values give the "w/o random division length" ablation); ``eval_block_length`` for validation.
     - ``loss``: ``"kl"`` (eq. 4, the paper's) or ``"ce"`` (the "w/o KL divergence" ablation).
-    - ``target``: the fingerprint of the target it belongs to.
+    - ``target_info``: the fingerprint of the target it belongs to (``target`` in checkpoints written before the
+      model type was namespaced; still read).
     - ``draft_vocab_size``: size of the optional reduced draft vocabulary (``modeling/attached.py``).
     - ``confidence_temperature``: ``T`` of the confidences the candidate trees read, ``softmax(logits / T)``
       (PCT assumes they are calibrated, §3.2); fitted on validation data after training
       (``trainers/calibration.py``). 1.0 = the raw softmax. The drafted tokens' ranking does not depend on it.
     """
 
-    model_type = "edd"
+    model_type = "hf_specdec_edd"  # namespaced: no future transformers model can take the name
 
     def __init__(
         self,
@@ -81,7 +82,7 @@ class EddConfig(PretrainedConfig):
         block_max: int = 10,
         eval_block_length: int = 5,
         loss: str = "kl",
-        target: dict | None = None,
+        target_info: dict | None = None,
         draft_vocab_size: int | None = None,
         confidence_temperature: float = 1.0,
         **kwargs,
@@ -102,7 +103,10 @@ class EddConfig(PretrainedConfig):
         if loss not in ("kl", "ce"):
             raise SpecDecError(f"EddConfig.loss must be 'kl' or 'ce', got {loss!r}")
         self.loss = loss
-        self.target = target or {}
+        legacy = kwargs.pop("target", None)  # the field's name before it was target_info
+        if target_info is None and isinstance(legacy, dict):
+            target_info = legacy
+        self.target_info = target_info or {}
         self.draft_vocab_size = draft_vocab_size
         for key in ("vocab_size", "hidden_size", "bos_token_id", "eos_token_id", "pad_token_id"):
             if key in self.layer_config:
@@ -137,7 +141,7 @@ class EddConfig(PretrainedConfig):
             encoder_layer=encoder_layer,
             target_num_hidden_layers=n,
             soft_prompt=soft_prompt,
-            target=target_fingerprint(target),
+            target_info=target_fingerprint(target),
             **overrides,
         )
 
@@ -161,7 +165,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
     embedding removed: tokens are embedded with the target's). See the module docstring."""
 
     drafter_name = "EDD"
-    fingerprint_field = "target"
+    fingerprint_field = "target_info"
 
     def __init__(self, config: EddConfig):
         super().__init__(config)
@@ -282,13 +286,17 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         soft_prompt: torch.Tensor | None = None,
         block_length: int | None = None,
         labels: torch.LongTensor | None = None,
+        return_hidden_states: bool = False,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | torch.Tensor:
         """Teacher-forced forward (see ``hidden_states``); ``labels`` give the shifted cross-entropy loss. Logits are
-        over the full vocabulary (``-inf`` outside a reduced draft vocabulary).
+        over the full vocabulary (``-inf`` outside a reduced draft vocabulary). ``return_hidden_states``: return
+        ``hidden_states(...)`` alone (the training pass; through ``forward`` so that a DDP wrapper syncs gradients).
         Decoding does not go through here: see ``hf_specdec.edd_generation``."""
         if input_ids is None:
             raise SpecDecError("EddForCausalLM.forward needs input_ids")
+        if return_hidden_states:
+            return self.hidden_states(input_ids, soft_prompt, block_length)
         logits = self.draft_logits(self.hidden_states(input_ids, soft_prompt, block_length))
         loss = None
         if labels is not None:

@@ -47,7 +47,7 @@ class GlideConfig(PretrainedConfig):
     ``cross_attention=False`` is the vanilla drafter. ``block_size`` is L of the block-wise training mask.
     """
 
-    model_type = "glide"
+    model_type = "hf_specdec_glide"  # namespaced: no future transformers model can take the name
 
     def __init__(
         self,
@@ -392,10 +392,12 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         labels: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
         draft_vocab_logits: bool = False,
+        return_hidden_states: bool = False,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | torch.Tensor:
         """Standard causal-LM forward. Logits are over the full vocabulary (``-inf`` outside a reduced draft
-        vocabulary) unless ``draft_vocab_logits``; ``labels`` give the shifted cross-entropy loss."""
+        vocabulary) unless ``draft_vocab_logits``; ``labels`` give the shifted cross-entropy loss. ``return_hidden_states``:
+        return the final-normed hidden states alone."""
         if input_ids is None:
             raise SpecDecError("GlideForCausalLM.forward needs input_ids")
         if use_cache and past_key_values is None:
@@ -407,6 +409,8 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
             target_past_key_values,
             cross_attention_mask,
         )
+        if return_hidden_states:  # the training pass (through forward, so that a DDP wrapper syncs gradients)
+            return hidden
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.draft_logits(hidden)

@@ -151,7 +151,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_specdec.modeling import EddForCausalLM
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
     from hf_specdec.trainers.data import packed_dataset
     from hf_specdec.trainers.drafter_trainer import DrafterTrainer
     from transformers import TrainingArguments
@@ -162,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
     if not (folder / "config.json").is_file():
         raise SpecDecError(f"--drafter {folder}: no config.json there; pass an EDD checkpoint folder")
     model_type = json.loads((folder / "config.json").read_text()).get("model_type")
-    if model_type != "edd":
+    if model_type not in (EddConfig.model_type, "edd"):  # "edd": checkpoints written before the namespace
         raise SpecDecError(
-            f"--drafter {folder} holds a {model_type!r} model; calibrate fits EDD drafters (model_type 'edd')"
+            f"--drafter {folder} holds a {model_type!r} model; calibrate fits EDD drafters "
+            f"(model_type {EddConfig.model_type!r})"
         )
     if args.blocks < 1 or args.block_size < 8:
         raise SpecDecError(f"need --blocks >= 1 and --block-size >= 8 (got {args.blocks}, {args.block_size})")

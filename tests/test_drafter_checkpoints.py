@@ -1,0 +1,70 @@
+"""Drafter checkpoints the HF way: Auto classes with and without ``target=``, namespaced model types, old checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hf_specdec.modeling import EddConfig, EddForCausalLM, GlideConfig, GlideForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from hf_specdec.errors import SpecDecError
+
+from .conftest import tiny_llama
+
+
+def _drafters(target):
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    glide = GlideForCausalLM(GlideConfig.for_target(target)).eval()
+    return {"hf_specdec_edd": edd, "hf_specdec_glide": glide}
+
+
+@pytest.mark.parametrize("kind", ["hf_specdec_edd", "hf_specdec_glide"])
+def test_auto_classes_load_a_drafter_with_and_without_its_target(kind, tmp_path):
+    target = tiny_llama(num_hidden_layers=4)
+    drafter = _drafters(target)[kind]
+    drafter.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == kind
+
+    attached = AutoModelForCausalLM.from_pretrained(tmp_path, target=target)
+    assert type(attached) is type(drafter) and attached.target is target
+    assert not hasattr(attached.config, "target")  # the keyword did not leak into the config
+    attached.save_pretrained(tmp_path / "again")  # and the config still serializes
+    ids = torch.tensor([[5, 6, 7, 8]])
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+    out = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, assistant_model=attached
+    )
+    assert torch.equal(out, ref)
+
+    loose = AutoModelForCausalLM.from_pretrained(tmp_path)  # loads; using it says what to do
+    assert loose.target is None
+    with pytest.raises(
+        SpecDecError, match=r"not attached to its target.*from_pretrained\(path, target=target\)"
+    ):
+        loose(input_ids=ids)
+
+
+@pytest.mark.parametrize("old_type", ["edd", "glide"])
+def test_checkpoints_of_the_earlier_model_types_still_load(old_type, tmp_path):
+    """Checkpoints written before the namespace (model_type 'edd' / 'glide'; EDD's fingerprint under 'target') load
+    through the Auto classes and are saved under the namespaced type."""
+    target = tiny_llama(num_hidden_layers=4)
+    drafter = _drafters(target)[f"hf_specdec_{old_type}"]
+    drafter.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = old_type
+    if old_type == "edd":
+        config["target"] = config.pop("target_info")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    assert AutoConfig.from_pretrained(tmp_path).target_info == drafter.config.target_info
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, target=target)
+    assert isinstance(loaded, type(drafter)) and loaded.target is target
+    for name, p in drafter.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], p)
+    loaded.save_pretrained(tmp_path / "new")
+    saved = json.loads((tmp_path / "new" / "config.json").read_text())
+    assert saved["model_type"] == f"hf_specdec_{old_type}" and "target" not in saved
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "new", target=target)) is type(drafter)
