@@ -69,6 +69,7 @@ def test_training_puts_the_target_on_the_trainers_device(monkeypatch, tmp_path):
 
     class Args:  # what run_drafter_training reads before building the drafter
         device = torch.device("meta")
+        world_size = 1
 
     class Built(Exception):
         pass
@@ -78,7 +79,7 @@ def test_training_puts_the_target_on_the_trainers_device(monkeypatch, tmp_path):
         raise Built
 
     monkeypatch.setattr("hf_specdec.target.load_target", lambda *a, **k: (target, None))
-    monkeypatch.setattr(drafter_run, "training_blocks", lambda args, tok: ([], []))
+    monkeypatch.setattr(drafter_run, "training_blocks", lambda args, tok, processes: ([], []))
     monkeypatch.setattr(drafter_run, "training_arguments", lambda args: Args())
     args = argparse.Namespace(max_steps=1, seed=0, target=None, dtype="fp32")
     recipe = drafter_run.DrafterRecipe("x", build, None, None, None, None)

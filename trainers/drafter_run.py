@@ -5,6 +5,11 @@ or by tokenizing ShareGPT now), build ``TrainingArguments``, put the target on `
 Trainer moves only the drafter), build the drafter there (the recipe), train with ``DrafterTrainer`` (resuming
 from ``get_last_checkpoint(--output-dir)`` with ``--resume``), evaluate, run the recipe's post-training step (EDD:
 confidence calibration), save the drafter, its training curve and model card.
+
+Several processes (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``, gloo on a CPU, NCCL
+on GPUs): each runs this on its device, the Trainer shards the batches and syncs gradients (``DrafterTrainer``
+normalises the loss by the global token count, so N processes equal one with the same global batch), validation
+metrics are summed over processes, and the main process alone writes the drafter, curve and card.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ class DrafterRecipe:
     extra_info: Callable = lambda drafter: {}
 
 
-def training_blocks(args, tokenizer):
-    """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now."""
-    n_train = args.max_steps * args.batch_size * args.grad_accum
+def training_blocks(args, tokenizer, processes: int = 1):
+    """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now; as
+    many training blocks as ``max_steps`` global batches take (``processes`` x batch x accumulation each)."""
+    n_train = args.max_steps * args.batch_size * args.grad_accum * processes
     source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
     print(
         f"packing {source} into {n_train} train / {args.eval_blocks} validation blocks of {args.block_size} tokens"
@@ -78,7 +84,7 @@ def training_arguments(args):
         output_dir=args.output_dir,
         max_steps=args.max_steps,
         per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size or args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.lr,
         weight_decay=0.0,
@@ -129,8 +135,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype)
     target.requires_grad_(False)
-    train, valid = training_blocks(args, tokenizer)
     targs = training_arguments(args)
+    train, valid = training_blocks(args, tokenizer, targs.world_size)
     target.to(targs.device)  # the Trainer places the drafter; the frozen target is ours to place
     drafter = recipe.build(args, target)
     coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
@@ -150,7 +156,9 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - t_train
     metrics = trainer.evaluate()
-    extra = recipe.after_training(trainer)
+    extra = recipe.after_training(trainer)  # on every process (EDD's calibration gathers from all)
+    if not trainer.is_world_process_zero():  # one process writes the drafter, its curve and its card
+        return 0
     drafter.save_pretrained(args.output_dir)
     write_training_curve(trainer.state.log_history, args.output_dir)
     where = (
@@ -168,9 +176,11 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
             + (", pre-tokenized corpus)" if args.corpus else ")")
         ),
         "steps": steps,
-        "train_tokens": steps * args.batch_size * args.grad_accum * args.block_size,
+        "train_tokens": steps * args.batch_size * args.grad_accum * targs.world_size * args.block_size,
         "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if args.bf16 else ''}), "
-        f"batch {args.batch_size}x{args.grad_accum}, lr {args.lr}, loss {kind}"
+        f"batch {args.batch_size}x{args.grad_accum}"
+        + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")
+        + f", lr {args.lr}, loss {kind}"
         + (f" + {kl_weight} x kl" if kind == "ce" and kl_weight else ""),
         "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
         **extra,

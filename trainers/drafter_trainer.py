@@ -81,7 +81,8 @@ class DrafterTrainer(Trainer):
             if fwd is not None:
                 read = out if context_ids is None else self.target.base_model(input_ids=context_ids, **fwd)
                 context = drafter.target_context(read, input_ids)
-        hidden = drafter.hidden_states(input_ids, **context)
+        # through the model's forward, so that a DDP wrapper (torchrun / accelerate launch) syncs the gradients
+        hidden = model(input_ids=input_ids, return_hidden_states=True, **context)
         select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
         gold = drafter.to_draft_ids(labels[:, 1:][select])
@@ -110,18 +111,44 @@ class DrafterTrainer(Trainer):
         return ce, kl
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The batch's mean loss per supervised position; inside ``Trainer.train``, where ``num_items_in_batch`` is the
+        count of supervised positions over all accumulation steps and processes, the batch's summed loss over that
+        count, times the process count (DDP averages gradients): the same gradient for any split of a global batch
+        over accumulation steps and processes."""
         kl_only = self.loss == "kl"
         r = self._forward(
             model, inputs["input_ids"], inputs["labels"], need_target_logits=kl_only or self.kl_weight > 0
         )
         if kl_only:
-            loss = kl_loss(r["logits"], r["target_logits"])
+            ce, kl = None, kl_loss(r["logits"], r["target_logits"])
         else:
             ce, kl = self._losses(r)
-            loss = ce if kl is None else ce + self.kl_weight * kl
+        if num_items_in_batch is None:
+            loss = kl if ce is None else ce if kl is None else ce + self.kl_weight * kl
+        else:
+            total = 0.0 if ce is None else ce * int((r["gold"] != IGNORE_INDEX).sum())
+            if kl is not None:
+                total = total + (1.0 if ce is None else self.kl_weight) * kl * r["n"]
+            loss = total / num_items_in_batch
+            if self.args.average_tokens_across_devices:
+                loss = loss * self.accelerator.num_processes
         return (loss, {"logits": r["logits"]}) if return_outputs else loss
 
     # ------------------------------------------------------------------ validation
+    def _validation_batches(self, eval_dataset=None):
+        """The validation set in batches of ``per_device_eval_batch_size``, in order, on this process's device. With
+        several processes, batch j goes to process j mod P: the set is covered once, without the padding of a
+        sharded loader, and every batch is the one a single process sees, so summed metrics equal its exactly."""
+        from torch.utils.data import DataLoader
+
+        data = self.eval_dataset if eval_dataset is None else eval_dataset
+        loader = DataLoader(
+            data, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator
+        )
+        for j, batch in enumerate(loader):
+            if j % self.args.world_size == self.args.process_index:
+                yield {k: v.to(self.args.device) for k, v in batch.items()}
+
     def _validation_passes(self, eval_dataset=None, with_alpha: bool = False):
         """Yield ``(input_ids, labels, result)`` of every validation batch with supervised tokens, the drafter in
         eval mode and without gradients (its mode is restored afterwards)."""
@@ -130,8 +157,7 @@ class DrafterTrainer(Trainer):
         model.eval()
         try:
             with torch.no_grad():
-                for batch in self.get_eval_dataloader(eval_dataset):
-                    batch = self._prepare_inputs(batch)
+                for batch in self._validation_batches(eval_dataset):
                     ids, labels = batch["input_ids"], batch["labels"]
                     r = self._forward(model, ids, labels, need_target_logits=True, with_alpha=with_alpha)
                     if r["n"]:
@@ -182,6 +208,11 @@ class DrafterTrainer(Trainer):
                     )
                 sums["match_other"] += int((top1(other["logits"]) == r["target_argmax"]).sum())
                 sums["n_other"] += r["n"]
+        if self.args.world_size > 1:  # each process saw its share of the batches (_validation_batches)
+            keys = list(sums)
+            total = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=self.args.device)
+            reduced = self.accelerator.reduce(total, reduction="sum").tolist()
+            sums = {k: v if k in ("ce", "kl", "alpha") else round(v) for k, v in zip(keys, reduced)}
         n = max(sums["n"], 1)
         metrics = {
             f"{metric_key_prefix}_loss": sums["ce"] / n,
@@ -205,6 +236,11 @@ class DrafterTrainer(Trainer):
         for _, _, r in self._validation_passes(eval_dataset):
             logits.append(r["logits"].cpu())
             argmax.append(r["target_argmax"].cpu())
+        if self.args.world_size > 1:  # every process gets all of them (its share was _validation_batches')
+            shares = [None] * self.args.world_size
+            torch.distributed.all_gather_object(shares, (logits, argmax))
+            logits = [x for share in shares for x in share[0]]
+            argmax = [x for share in shares for x in share[1]]
         if not logits:
             raise SpecDecError(
                 "the validation data has no supervised (assistant) tokens; use more validation blocks"

@@ -33,6 +33,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Evaluation, checkpointing, logging, the model card's measurement, stopping early, resuming, seed."""
     p.add_argument("--eval-steps", type=int, default=50)
+    p.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=None,
+        help="validation blocks per batch and process (default: --batch-size)",
+    )
     p.add_argument("--save-steps", type=int, default=50)
     p.add_argument("--logging-steps", type=int, default=5)
     p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
