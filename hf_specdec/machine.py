@@ -1,0 +1,85 @@
+"""The machine a figure was measured on, and the dtype that pays on it.
+
+What verification costs depends on the hardware (README, "What limits them here"): on a CPU without native bf16
+(AVX2 only) a bf16 forward over 16 tokens costs ~6 one-token forwards, because bf16 is emulated; with AVX512-BF16
+or AMX it costs ~1.4; on a GPU verifying a few dozen tokens costs about one forward. So every bench figure
+records :func:`describe_machine` (results.json and the report), and ``--dtype auto`` (bench, demo, the Python API
+through :func:`resolve_auto_dtype`) picks bf16 only where it runs natively (a CUDA device, or a CPU with
+AVX512-BF16 / AMX-BF16), fp32 elsewhere.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` line; empty where there is none, e.g. macOS)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_has_native_bf16(flags: set[str] | None = None) -> bool:
+    """True where the CPU computes bf16 in hardware (AVX512-BF16 or AMX-BF16)."""
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in NATIVE_BF16_FLAGS)
+
+
+def describe_machine(device: torch.device | str | None = None) -> dict:
+    """CPU model, its native-bf16 support, torch's thread count and, for a CUDA ``device``, the GPU."""
+    flags = cpu_flags()
+    info = {
+        "cpu": cpu_model(),
+        "cpu_native_bf16": cpu_has_native_bf16(flags),
+        "cpu_bf16_flags": sorted(f for f in NATIVE_BF16_FLAGS if f in flags),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    info["device"] = str(device)
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def machine_line(info: dict) -> str:
+    """One line for reports: ``AMD EPYC, 2 threads, no native bf16`` (plus the GPU where there is one)."""
+    bf16 = (
+        "native bf16 (" + ", ".join(info["cpu_bf16_flags"]) + ")"
+        if info["cpu_native_bf16"]
+        else "no native bf16"
+    )
+    line = f"{info['cpu']}, {info['threads']} threads, {bf16}"
+    return f"{info['gpu']} ({line})" if info.get("gpu") else line
+
+
+def resolve_auto_dtype(
+    dtype: str, device: torch.device | str | None = None, flags: set[str] | None = None
+) -> str:
+    """``"auto"`` -> ``"bf16"`` on a CUDA device or a CPU with native bf16, else ``"fp32"``; any other name as is."""
+    if dtype != "auto":
+        return dtype
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return "bf16"
+    return "bf16" if cpu_has_native_bf16(flags) else "fp32"
