@@ -20,6 +20,7 @@ COMMANDS = [
     "hf_specdec.tree_replay",
     "hf_specdec.trainers.calibration",
     "hf_specdec.trainers.corpus",
+    "hf_specdec.trainers.features",
 ]
 
 

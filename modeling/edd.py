@@ -245,13 +245,20 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         match at each round's first position apart."""
         return self.config.eval_block_length
 
-    def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
+    def features_from_target(self, target_outputs) -> dict[str, torch.Tensor]:
+        """What EDD reads from a target pass: the hidden states of ``encoder_layer`` (what a feature store keeps)."""
         if not self.config.soft_prompt:
             return {}
-        return {
-            "soft_prompt": target_outputs.hidden_states[self.config.encoder_layer],
-            "block_length": self.training_block_length(),
-        }
+        return {"soft_prompt": target_outputs.hidden_states[self.config.encoder_layer]}
+
+    def context_from_features(self, features: dict, input_ids: torch.LongTensor) -> dict:
+        """``hidden_states`` kwargs from those features: the soft prompt and this step's block length L."""
+        if not self.config.soft_prompt:
+            return {}
+        return {"soft_prompt": features["soft_prompt"], "block_length": self.training_block_length()}
+
+    def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
+        return self.context_from_features(self.features_from_target(target_outputs), input_ids)
 
     def hidden_states(
         self,

@@ -326,14 +326,31 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         (the draft that sees the freshest target cache)."""
         return self.config.block_size
 
-    def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
-        """``hidden_states`` kwargs for a training batch: the target's cache seen through the block-wise mask."""
+    def features_from_target(self, target_outputs) -> dict[str, torch.Tensor]:
+        """What GLIDE reads from a target pass: the cached keys / values of the target layers it cross-attends to
+        (``keys.L`` / ``values.L``; what a feature store keeps)."""
+        if not self.config.cross_attention:
+            return {}
+        features = {}
+        for layer in sorted(set(self.config.target_layers)):
+            keys, values = self._target_kv(target_outputs.past_key_values, layer)
+            features[f"keys.{layer}"], features[f"values.{layer}"] = keys, values
+        return features
+
+    def context_from_features(self, features: dict, input_ids: torch.LongTensor) -> dict:
+        """``hidden_states`` kwargs for a training batch: those keys / values seen through the block-wise mask."""
         if not self.config.cross_attention:
             return {}
         from hf_specdec.trainers.masks import blockwise_cross_mask
 
+        layers = sorted(set(self.config.target_layers))
+        kv = {layer: (features[f"keys.{layer}"], features[f"values.{layer}"]) for layer in layers}
         mask = blockwise_cross_mask(input_ids.shape[1], self.config.block_size, input_ids.device)
-        return {"target_past_key_values": target_outputs.past_key_values, "cross_attention_mask": mask}
+        return {"target_past_key_values": kv, "cross_attention_mask": mask}
+
+    def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
+        """``hidden_states`` kwargs for a training batch: the target's cache seen through the block-wise mask."""
+        return self.context_from_features(self.features_from_target(target_outputs), input_ids)
 
     # ---------------------------------------------------------------- forward
     def _target_kv(self, target_cache, layer: int):

@@ -107,8 +107,11 @@ def frequent_tokens(dataset, size: int, always: list[int]) -> tuple[torch.Tensor
     counts: Counter = Counter()
     inputs: Counter = Counter()
     for row in dataset:
-        counts.update(t for t in row["labels"] if t >= 0)
-        inputs.update(row["input_ids"])
+        labels, ids = row["labels"], row["input_ids"]
+        if isinstance(labels, torch.Tensor):  # a feature store's rows
+            labels, ids = labels.tolist(), ids.tolist()
+        counts.update(t for t in labels if t >= 0)
+        inputs.update(ids)
     ranked = [*always, *(t for t, _ in counts.most_common()), *(t for t, _ in inputs.most_common())]
     keep = list(dict.fromkeys(ranked))[:size]
     seen = set(keep)

@@ -50,9 +50,10 @@ class DrafterRecipe:
     extra_info: Callable = lambda drafter: {}
 
 
-def training_blocks(args, tokenizer, processes: int = 1):
+def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
     """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now; as
-    many training blocks as ``max_steps`` global batches take (``processes`` x batch x accumulation each)."""
+    many training blocks as ``max_steps`` global batches take (``processes`` x batch x accumulation each); no
+    training blocks (None) without ``with_train``."""
     n_train = args.max_steps * args.batch_size * args.grad_accum * processes
     source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
     print(
@@ -61,14 +62,18 @@ def training_blocks(args, tokenizer, processes: int = 1):
     if args.corpus:
         from .corpus import packed_from_corpus
 
-        train = packed_from_corpus(args.corpus, "train", args.block_size, n_train, tokenizer)
+        train = (
+            packed_from_corpus(args.corpus, "train", args.block_size, n_train, tokenizer)
+            if with_train
+            else None
+        )
         valid = packed_from_corpus(args.corpus, "validation", args.block_size, args.eval_blocks, tokenizer)
     else:
         from .data import packed_dataset
 
-        train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train)
+        train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train) if with_train else None
         valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.eval_blocks)
-    if len(train) < n_train:
+    if train is not None and len(train) < n_train:
         print(f"{len(train)} train blocks: {n_train / len(train):.2f} epochs over them")
     return train, valid
 
@@ -136,9 +141,20 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     target, tokenizer = load_target(args.target, args.dtype)
     target.requires_grad_(False)
     targs = training_arguments(args)
-    train, valid = training_blocks(args, tokenizer, targs.world_size)
+    store = None
+    if (
+        args.features
+    ):  # the training blocks and what the drafter reads come from the store; validation stays live
+        from .features import FeatureStore
+
+        store = FeatureStore(args.features)
+        args.block_size = store.meta["block_size"]
+    train, valid = training_blocks(args, tokenizer, targs.world_size, with_train=store is None)
     target.to(targs.device)  # the Trainer places the drafter; the frozen target is ours to place
     drafter = recipe.build(args, target)
+    if store is not None:
+        store.check(drafter, target)
+        train = store
     coverage = install_draft_vocab(drafter, train, tokenizer, args.draft_vocab) if args.draft_vocab else None
     kind, kl_weight = recipe.loss(args, drafter)
     trainer = DrafterTrainer(
@@ -149,6 +165,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         target=target,
         loss=kind,
         kl_weight=kl_weight,
+        teacher_top_k=args.teacher_top_k or (store.meta["top_k"] if store is not None else None),
         callbacks=[TimeLimitCallback.from_args(args)],
     )
     resume = resume_checkpoint(args)
@@ -173,7 +190,9 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         "architecture": recipe.architecture(args, drafter, coverage),
         "data": (
             f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised"
-            + (", pre-tokenized corpus)" if args.corpus else ")")
+            + (", pre-tokenized corpus" if args.corpus else "")
+            + (f", feature store of {len(store)} blocks, teacher top-{store.meta['top_k']}" if store else "")
+            + ")"
         ),
         "steps": steps,
         "train_tokens": steps * args.batch_size * args.grad_accum * targs.world_size * args.block_size,

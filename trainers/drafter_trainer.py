@@ -40,7 +40,7 @@ from transformers import Trainer, TrainerCallback
 
 from hf_specdec.errors import SpecDecError
 
-from .losses import expected_acceptance, kl_loss
+from .losses import expected_acceptance, kl_loss, teacher_top_k, top_k_kl_loss
 
 IGNORE_INDEX = -100
 
@@ -49,7 +49,15 @@ class DrafterTrainer(Trainer):
     """``loss``: ``"ce"`` (cross entropy on the data's tokens, plus ``kl_weight`` x KL) or ``"kl"`` (KL(P_t || P_d)
     alone, edd-pct.txt eq. 4; ``trainers/losses.py``)."""
 
-    def __init__(self, *args, target: torch.nn.Module, loss: str = "ce", kl_weight: float = 0.0, **kwargs):
+    def __init__(
+        self,
+        *args,
+        target: torch.nn.Module,
+        loss: str = "ce",
+        kl_weight: float = 0.0,
+        teacher_top_k: int | None = None,
+        **kwargs,
+    ):
         if loss not in ("ce", "kl"):
             raise SpecDecError(f"DrafterTrainer loss must be 'ce' or 'kl', got {loss!r}")
         kwargs.setdefault("data_collator", _stack_collator)
@@ -57,6 +65,7 @@ class DrafterTrainer(Trainer):
         self.target = target.eval().requires_grad_(False)
         self.loss = loss
         self.kl_weight = kl_weight
+        self.teacher_top_k = teacher_top_k  # KL against the target's top-k only (what a feature store keeps)
 
     # ------------------------------------------------------------------ one batch
     def _forward(
@@ -67,18 +76,25 @@ class DrafterTrainer(Trainer):
         need_target_logits: bool,
         context_ids: torch.Tensor | None = None,
         with_alpha: bool = False,
+        stored: dict | None = None,
+        top_k_teacher: bool = False,
     ) -> dict:
         """``context_ids`` (validation's control): what the drafter reads from the target (cache, hidden states)
         comes from the target's pass over these instead of ``input_ids``; the target's logits stay ``input_ids``'.
-        ``with_alpha`` (validation, with ``need_target_logits``): also ``beta`` per position (``eval_alpha``)."""
+        ``with_alpha`` (validation, with ``need_target_logits``): also ``beta`` per position (``eval_alpha``).
+        ``stored``: a feature-store batch's ``features`` (what the drafter reads) and ``teacher`` (top-k ids and
+        log-probs per position, ``trainers/features.py``): no target forward at all. ``top_k_teacher`` (training
+        steps with ``teacher_top_k``): the live teacher truncated as a store's is."""
         drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
         fwd = drafter.target_forward_kwargs()
         context, target_hidden = {}, None
         with torch.no_grad():
-            if need_target_logits or (fwd is not None and context_ids is None):
+            if stored is not None:
+                context = drafter.context_from_features(stored["features"], input_ids)
+            elif need_target_logits or (fwd is not None and context_ids is None):
                 out = self.target.base_model(input_ids=input_ids, **(fwd or {}))
                 target_hidden = out.last_hidden_state
-            if fwd is not None:
+            if fwd is not None and stored is None:
                 read = out if context_ids is None else self.target.base_model(input_ids=context_ids, **fwd)
                 context = drafter.target_context(read, input_ids)
         # through the model's forward, so that a DDP wrapper (torchrun / accelerate launch) syncs the gradients
@@ -87,9 +103,15 @@ class DrafterTrainer(Trainer):
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
         gold = drafter.to_draft_ids(labels[:, 1:][select])
         result = {"logits": logits, "gold": gold, "n": int(select.sum())}
+        if stored is not None and "teacher" in stored:
+            ids, logp = (t[:, : select.shape[1]][select] for t in stored["teacher"])
+            result["teacher"] = (drafter.to_draft_ids(ids.long()), logp.float())
         if target_hidden is not None and need_target_logits:
             with torch.no_grad():
                 t_logits = self.target.get_output_embeddings()(target_hidden[:, :-1][select]).float()
+                if top_k_teacher and self.teacher_top_k:
+                    ids, logp = teacher_top_k(t_logits, self.teacher_top_k)
+                    result["teacher"] = (drafter.to_draft_ids(ids), logp)
             result["target_argmax"] = t_logits.argmax(-1)
             if with_alpha:
                 result["beta"] = expected_acceptance(t_logits, logits.detach(), drafter.draft_vocab_ids)
@@ -103,12 +125,16 @@ class DrafterTrainer(Trainer):
             ce = r["logits"].sum() * 0.0
         else:
             ce = F.cross_entropy(r["logits"], r["gold"], ignore_index=IGNORE_INDEX)
-        kl = None
+        return ce, self._kl(r)
+
+    def _kl(self, r: dict) -> torch.Tensor | None:
+        """KL(P_t || P_d) per position: against the target's top-k where the batch has it (a feature store, or
+        ``teacher_top_k``), else against its whole distribution; None without a teacher."""
+        if "teacher" in r:
+            return top_k_kl_loss(r["logits"], *r["teacher"])
         if "target_logits" in r and r["n"]:
-            p_log = r["target_logits"].log_softmax(-1)
-            q_log = r["logits"].log_softmax(-1)
-            kl = F.kl_div(q_log, p_log, log_target=True, reduction="batchmean")
-        return ce, kl
+            return kl_loss(r["logits"], r["target_logits"])
+        return None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The batch's mean loss per supervised position; inside ``Trainer.train``, where ``num_items_in_batch`` is the
@@ -116,11 +142,19 @@ class DrafterTrainer(Trainer):
         count, times the process count (DDP averages gradients): the same gradient for any split of a global batch
         over accumulation steps and processes."""
         kl_only = self.loss == "kl"
+        stored = stored_batch(inputs)
         r = self._forward(
-            model, inputs["input_ids"], inputs["labels"], need_target_logits=kl_only or self.kl_weight > 0
+            model,
+            inputs["input_ids"],
+            inputs["labels"],
+            need_target_logits=stored is None and (kl_only or self.kl_weight > 0),
+            stored=stored,
+            top_k_teacher=True,
         )
         if kl_only:
-            ce, kl = None, kl_loss(r["logits"], r["target_logits"])
+            ce, kl = None, self._kl(r)
+            if kl is None:
+                raise SpecDecError("loss 'kl' needs the target's distribution: this batch has no teacher")
         else:
             ce, kl = self._losses(r)
         if num_items_in_batch is None:
@@ -248,7 +282,22 @@ class DrafterTrainer(Trainer):
         return torch.cat(logits), torch.cat(argmax)
 
 
+def stored_batch(inputs: dict) -> dict | None:
+    """A feature-store batch's ``features`` (``feature.NAME`` keys) and ``teacher`` (``teacher_ids``,
+    ``teacher_logp``); None for a plain batch of tokens."""
+    features = {k.removeprefix("feature."): v for k, v in inputs.items() if k.startswith("feature.")}
+    if not features and "teacher_ids" not in inputs:
+        return None
+    stored = {"features": features}
+    if "teacher_ids" in inputs:
+        stored["teacher"] = (inputs["teacher_ids"], inputs["teacher_logp"])
+    return stored
+
+
 def _stack_collator(rows: list[dict]) -> dict:
+    """Token rows (lists) -> ``input_ids`` / ``labels``; feature-store rows (tensors) -> every key stacked."""
+    if isinstance(rows[0]["input_ids"], torch.Tensor):
+        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels")}
 
 

@@ -67,3 +67,28 @@ def expected_acceptance(
     if p.shape != draft_logits.shape:
         raise ValueError(f"target / draft shapes differ: {tuple(p.shape)} vs {tuple(draft_logits.shape)}")
     return torch.minimum(p, draft_logits.float().softmax(-1)).sum(-1)
+
+
+def teacher_top_k(target_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's ``k`` most likely tokens and their log-probabilities under the full softmax: ``(ids, logp)``, both
+    ``(..., k)``. What a feature store keeps of the teacher (a full 49k-row distribution per token would not fit)."""
+    logp = target_logits.float().log_softmax(-1)
+    top = logp.topk(k, dim=-1)
+    return top.indices, top.values
+
+
+def top_k_kl_loss(draft_logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of ``KL(P_k || P_d)`` where ``P_k`` is the target's distribution renormalised over its top-k
+    tokens ``ids`` (``(N, k)`` draft-vocabulary columns, -100 for a token the draft vocabulary lacks, which is left
+    out) with log-probabilities ``logp``; ``P_d`` is the drafter's softmax over its vocabulary. Eq. 4 of
+    edd-pct.txt with the teacher truncated to its top k (the form a feature store can hold)."""
+    if draft_logits.shape[0] == 0:
+        return draft_logits.sum() * 0.0
+    keep = ids >= 0
+    log_pk = logp.float().masked_fill(~keep, float("-inf")).log_softmax(-1)
+    log_pk = torch.where(
+        keep, log_pk, torch.zeros((), device=log_pk.device)
+    )  # no NaN where a row keeps nothing
+    log_q = draft_logits.float().log_softmax(-1).gather(-1, ids.clamp(min=0))
+    terms = torch.where(keep, log_pk.exp() * (log_pk - log_q), torch.zeros((), device=log_q.device))
+    return terms.sum(-1).mean()

@@ -26,6 +26,17 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="pre-tokenized ShareGPT from `hf-specdec corpus --out DIR` (default: tokenize ShareGPT now)",
     )
     p.add_argument(
+        "--features",
+        default=None,
+        help="train from a feature store (`hf-specdec features --out DIR`): no target forward per step",
+    )
+    p.add_argument(
+        "--teacher-top-k",
+        type=int,
+        default=None,
+        help="KL against the target's top-k tokens only, as a feature store keeps them (default: all)",
+    )
+    p.add_argument(
         "--bf16", action="store_true", help="bf16 mixed precision (a GPU, or a CPU with native bf16)"
     )
 
