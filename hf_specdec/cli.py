@@ -21,6 +21,7 @@ COMMANDS = [
     "hf_specdec.trainers.calibration",
     "hf_specdec.trainers.corpus",
     "hf_specdec.trainers.features",
+    "hf_specdec.trainers.draft_vocab",
 ]
 
 

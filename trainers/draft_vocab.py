@@ -1,0 +1,217 @@
+"""A drafter's reduced draft vocabulary, sized by measured cost and acceptance: ``hf-specdec draft-vocab``.
+
+On a CPU a drafter's forward is mostly its LM head (``modeling/attached.py``): one layer of SmolLM2-135M is ~3.5M
+multiply-adds, its 49,152-row head 28M. Keeping the V most frequent supervised tokens of the training data cuts
+the head to V rows; the cost is the target tokens the drafter can no longer propose. For each candidate V this
+measures, on held-out ShareGPT:
+
+- ``a(V)``: how often the drafter's top-1 among the V tokens is the target's greedy token (teacher-forced, the
+  training mask's delay; the per-draft acceptance rate of greedy chain drafting);
+- ``c(V)``: a draft step (the drafter's one-token forward plus the V-row head) in one-token forwards of the target,
+  timed on this machine;
+
+and picks the V with the most tokens per unit of time for a chain of ``gamma`` drafts verified in one forward of
+``gamma + 1`` tokens costing ``c_v`` (``core.verify_cost``): ``E(a) / (c_v + gamma c(V))`` with
+``E(a) = (1 - a^(gamma + 1)) / (1 - a)`` tokens per step. ``--apply`` restricts the checkpoint to the chosen V (its
+``draft_vocab_ids``; a drafter trained over the full vocabulary keeps its ranking inside the subset) and records
+the table on its card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from hf_specdec.errors import SpecDecError
+
+
+def expected_tokens(a: float, gamma: int) -> float:
+    """Tokens per verification of a chain of ``gamma`` drafts, each accepted with probability ``a`` (bonus included)."""
+    return float(gamma + 1) if a >= 1 else (1 - a ** (gamma + 1)) / (1 - a)
+
+
+@torch.no_grad()
+def _median_seconds(fn, repeats: int = 20) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return sorted(samples)[len(samples) // 2]
+
+
+@torch.no_grad()
+def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> dict[int, float]:
+    """``c(V)`` for each V: the drafter's forward over one token (after ``context`` target tokens) plus a V-row head,
+    over the target's one-token forward after the same context, both timed here (median of 20)."""
+    from transformers import DynamicCache
+
+    device = next(target.parameters()).device
+    ids = torch.randint(3, target.config.vocab_size, (1, context + 1), device=device)
+    cache = DynamicCache(config=target.config)
+    out = target.base_model(
+        input_ids=ids[:, :-1], past_key_values=cache, **(drafter.target_forward_kwargs() or {})
+    )
+
+    def target_step():
+        target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)
+        cache.crop(-1)
+
+    t_target = _median_seconds(target_step)
+    step_context = drafter.context_from_features(
+        {k: v[..., -1:, :] for k, v in drafter.features_from_target(out).items()}, ids[:, -1:]
+    )
+    t_layer = _median_seconds(
+        lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context)
+    )
+    head = target.get_output_embeddings().weight
+    hidden = torch.randn(1, head.shape[1], dtype=head.dtype, device=device)
+    whole = head.shape[0] if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
+    costs = {}
+    for v in sizes:
+        rows = head[: v or whole].contiguous()
+        costs[v] = (
+            t_layer + _median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows))
+        ) / t_target
+    return costs
+
+
+def vocab_table(
+    trainer, drafter, counts, always: list[int], sizes: list[int], costs: dict, c_verify: float, gamma: int
+):
+    """One row per size V (0 = the drafter's whole vocabulary): coverage of the supervised training tokens, ``a(V)``,
+    ``c(V)`` and the chain's tokens per unit of time; ``trainer``'s validation set gives ``a``."""
+    full = drafter.draft_vocab_ids
+    logits, argmax = trainer.validation_logits()
+    columns = torch.arange(logits.shape[1]) if full is None else full.cpu()  # column -> token id
+    total = max(sum(counts.values()), 1)
+    rows = []
+    for v in sizes:
+        keep = columns if not v else frequent_tokens_from_counts(counts, always, v)
+        allowed = torch.isin(columns, keep)
+        if not bool(allowed.any()):
+            raise SpecDecError(f"a draft vocabulary of {v} shares no token with the drafter's vocabulary")
+        top = columns[logits.masked_fill(~allowed, float("-inf")).argmax(-1)]
+        a = float((top == argmax).float().mean())
+        kept = set(keep.tolist())
+        rows.append(
+            {
+                "size": v or len(columns),
+                "coverage": round(sum(c for t, c in counts.items() if t in kept) / total, 4),
+                "a": round(a, 4),
+                "c": round(costs[v], 4),
+                "tokens_per_time": round(expected_tokens(a, gamma) / (c_verify + gamma * costs[v]), 4),
+            }
+        )
+    return rows
+
+
+def frequent_tokens_from_counts(counts, always: list[int], size: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of ``counts`` (the ``always`` ids first), sorted."""
+    ranked = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common())]))[:size]
+    return torch.tensor(sorted(ranked), dtype=torch.long)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "draft-vocab", help="size a drafter's draft vocabulary by measured cost and acceptance"
+    )
+    p.add_argument("--drafter", required=True, help="GLIDE or EDD checkpoint folder")
+    p.add_argument("--model", default=None, help="target (default: the embedded SmolLM2)")
+    p.add_argument(
+        "--sizes", default="2048,4096,8192,16384,0", help="candidate sizes; 0 = the drafter's whole one"
+    )
+    p.add_argument("--gamma", type=int, default=5, help="chain length the choice is made for")
+    p.add_argument(
+        "--train-blocks", type=int, default=2000, help="training blocks the token frequencies come from"
+    )
+    p.add_argument("--blocks", type=int, default=32, help="validation blocks a(V) is measured on")
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--corpus", default=None, help="a token corpus (default: tokenize ShareGPT now)")
+    p.add_argument(
+        "--apply", action="store_true", help="restrict the checkpoint to the best size and record it"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from hf_specdec.cli import parse_ints
+    from hf_specdec.target import load_target
+    from hf_specdec.verify_cost import measured_cost
+
+    from .data import frequent_tokens
+    from .drafter_run import training_blocks
+    from .drafter_trainer import DrafterTrainer
+
+    folder = Path(args.drafter)
+    if not (folder / "config.json").is_file():
+        raise SpecDecError(f"--drafter {folder}: no config.json there; pass a GLIDE or EDD checkpoint folder")
+    sizes = parse_ints(args.sizes)
+    if not sizes or any(v < 0 for v in sizes):
+        raise SpecDecError(f"--sizes {args.sizes!r}: give sizes >= 1, or 0 for the whole vocabulary")
+    target, tokenizer = load_target(args.model, "fp32")
+    drafter = AutoModelForCausalLM.from_pretrained(folder, target=target).eval()
+    whole = target.config.vocab_size if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
+    if any(v > whole for v in sizes):
+        print(f"sizes above the drafter's {whole}-token vocabulary left out")
+        sizes = [v for v in sizes if v <= whole] or [0]
+    spec = argparse.Namespace(
+        corpus=args.corpus,
+        block_size=args.block_size,
+        max_steps=args.train_blocks,
+        batch_size=1,
+        grad_accum=1,
+        eval_blocks=args.blocks,
+    )
+    train, valid = training_blocks(spec, tokenizer)
+    always = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
+    _, counts = frequent_tokens(train, 1, always)
+    costs = draft_step_costs(drafter, target, sizes)
+    curve = measured_cost(target, torch.randint(3, 1000, (256,)))
+    c_verify = curve(args.gamma + 1)
+    with tempfile.TemporaryDirectory() as scratch:
+        targs = TrainingArguments(
+            output_dir=scratch,
+            per_device_eval_batch_size=4,
+            report_to=[],
+            remove_unused_columns=False,
+            use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True,
+        )
+        trainer = DrafterTrainer(model=drafter, args=targs, eval_dataset=valid, target=target)
+        rows = vocab_table(trainer, drafter, counts, always, sizes, costs, c_verify, args.gamma)
+    best = max(rows, key=lambda r: r["tokens_per_time"])
+    print(
+        f"gamma {args.gamma}, verifying {args.gamma + 1} tokens costs c_v = {c_verify:.2f} one-token forwards"
+    )
+    print("| V | coverage | a(V) | c(V) | tokens / time |\n|---:|---:|---:|---:|---:|")
+    for r in rows:
+        mark = " (best)" if r is best else ""
+        print(
+            f"| {r['size']}{mark} | {r['coverage']:.3f} | {r['a']:.3f} | {r['c']:.3f} | {r['tokens_per_time']:.3f} |"
+        )
+    if args.apply:
+        if best["size"] != whole:
+            drafter.set_draft_vocab(frequent_tokens_from_counts(counts, always, best["size"]))
+            drafter.save_pretrained(folder)
+        card = folder / "model_card.json"
+        if card.is_file():
+            info = json.loads(card.read_text())
+            info["draft_vocab"] = {
+                "gamma": args.gamma,
+                "c_verify": round(c_verify, 3),
+                "chosen": best["size"],
+                "table": rows,
+            }
+            card.write_text(json.dumps(info, indent=1))
+        print(f"{folder}: draft vocabulary {best['size']}")
+    return 0
