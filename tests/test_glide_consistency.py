@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -143,9 +144,9 @@ def test_trainer_feeds_the_same_sequence_kv_and_cross_attention_gets_gradients(t
     seen = {}
     original = d.hidden_states
 
-    def spy(input_ids, **context):
-        seen.update(context, input_ids=input_ids)
-        return original(input_ids, **context)
+    def spy(*args, **kwargs):
+        seen.update(inspect.signature(original).bind(*args, **kwargs).arguments)
+        return original(*args, **kwargs)
 
     d.hidden_states = spy
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1)
@@ -154,11 +155,11 @@ def test_trainer_feeds_the_same_sequence_kv_and_cross_attention_gets_gradients(t
     loss.backward()
     # the KV the drafter reads is the target's KV of this very batch (same tokens, same positions), top layer
     ref = target(ids, use_cache=True).past_key_values.layers[2]
-    got = seen["target_past_key_values"].layers[d.config.target_layers[0]]
+    keys, values = seen["target_past_key_values"][d.config.target_layers[0]]
     assert d.config.target_layers == [2] and torch.equal(seen["input_ids"], ids)
-    torch.testing.assert_close(got.keys, ref.keys)
-    torch.testing.assert_close(got.values, ref.values)
-    assert not got.keys.requires_grad
+    torch.testing.assert_close(keys, ref.keys)
+    torch.testing.assert_close(values, ref.values)
+    assert not keys.requires_grad
     assert torch.equal(seen["cross_attention_mask"], blockwise_cross_mask(16, 5))
     ca = d.layers[0].cross_attn
     for p in (ca.q_proj.weight, ca.o_proj.weight, d.layers[0].cross_layernorm.weight):
