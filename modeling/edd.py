@@ -298,8 +298,8 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
 
     # ---------------------------------------------------------------- target.generate(assistant_model=edd)
     def make_candidate_generator(self, target, generation_config, logits_processor, **_):
-        """Called by ``hf_specdec.assisted`` when this model is passed as ``assistant_model``."""
-        from hf_specdec.edd_generation import EddCandidateGenerator
+        """Called by ``hf_specdec.core.assisted`` when this model is passed as ``assistant_model``."""
+        from hf_specdec.edd.candidate_generator import EddCandidateGenerator
 
         if self.target is not target:
             self.attach_target(target)

@@ -420,8 +420,8 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
 
     # ---------------------------------------------------------------- hook for target.generate(assistant_model=...)
     def make_candidate_generator(self, target, generation_config, logits_processor, **_):
-        """Called by ``hf_specdec.assisted`` when this model is passed as ``assistant_model``."""
-        from hf_specdec.glide_generation import GlideCandidateGenerator
+        """Called by ``hf_specdec.core.assisted`` when this model is passed as ``assistant_model``."""
+        from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
 
         if self.target is not target:
             self.attach_target(target)

@@ -11,7 +11,10 @@ import torch
 
 import hf_specdec
 from hf_specdec.bench.methods import BenchContext, get_method
-from hf_specdec.cape import (
+from hf_specdec.core.stats import DecodeStats
+from hf_specdec.core.tree_decoding import StepFeedback, tree_generate
+from hf_specdec.errors import SpecDecError
+from hf_specdec.glide.cape import (
     DEFAULT_EXPANSION,
     CapeProposer,
     cape_tree,
@@ -20,9 +23,6 @@ from hf_specdec.cape import (
     expansion_size,
     glide_cape,
 )
-from hf_specdec.errors import SpecDecError
-from hf_specdec.stats import DecodeStats
-from hf_specdec.tree_decoding import StepFeedback, tree_generate
 
 from .conftest import assert_pairs_follow_target, tiny_llama
 from .test_glide_model import _drafter
@@ -347,8 +347,8 @@ def test_real_target_trained_glide_cape_is_identical(real_target):
 
 
 def test_trim_by_cost_keeps_tokens_that_pay_for_their_verification():
-    from hf_specdec.cape import trim_by_cost
-    from hf_specdec.verify_cost import CostCurve
+    from hf_specdec.core.verify_cost import CostCurve
+    from hf_specdec.glide.cape import trim_by_cost
 
     confidences = [0.5, 0.9, 0.2]
     sibling_probs = [[0.3, 0.1], [0.05], [0.4, 0.3, 0.01]]  # gains: 0.3, 0.1 | 0.025 | 0.18, 0.135, 0.0045

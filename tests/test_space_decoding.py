@@ -8,9 +8,9 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_specdec
+from hf_specdec.core.stats import DecodeStats
 from hf_specdec.errors import SpecDecError
-from hf_specdec.space_generation import attention_mask, build_input, positions, space_generate
-from hf_specdec.stats import DecodeStats
+from hf_specdec.space.decoding import attention_mask, build_input, positions, space_generate
 
 from .conftest import tiny_gpt2, tiny_llama
 

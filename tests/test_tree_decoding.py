@@ -11,10 +11,10 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from hf_specdec.core.stats import DecodeStats
+from hf_specdec.core.tree import TokenTree
+from hf_specdec.core.tree_decoding import TreeProposer, tree_generate
 from hf_specdec.errors import SpecDecError
-from hf_specdec.stats import DecodeStats
-from hf_specdec.tree import TokenTree
-from hf_specdec.tree_decoding import TreeProposer, tree_generate
 
 from .conftest import assert_pairs_follow_target, tiny_gpt2, tiny_llama
 from .test_kv_cache import tiny_mistral

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
     """alpha / tau of ``target.generate(assistant_model=drafter)`` on the first mt-bench prompts (greedy)."""
-    from hf_specdec.stats import ForwardMeter
+    from hf_specdec.core.stats import ForwardMeter
     from hf_specdec.tasks import load_task
 
     rows = load_task("mt-bench", tokenizer, prompts)

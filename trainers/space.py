@@ -163,8 +163,8 @@ def model_card(info: dict) -> str:
 
 def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
     """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward)."""
-    from hf_specdec.space_generation import space_generate
-    from hf_specdec.stats import DecodeStats
+    from hf_specdec.core.stats import DecodeStats
+    from hf_specdec.space.decoding import space_generate
     from hf_specdec.tasks import load_task
 
     ds = load_task("mt-bench", tokenizer, n_prompts)

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
+from ..core.stats import DecodeStats, ForwardMeter
 from ..errors import SpecDecError
-from ..lossless import DEFAULT_TIE_TOL, compare_outputs
-from ..stats import DecodeStats, ForwardMeter
 from ..target import load_target, resolve_dtype
 from ..tasks import load_task
 from .methods import BenchContext, get_method

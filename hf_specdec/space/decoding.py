@@ -38,10 +38,10 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .errors import SpecDecError
-from .kv_cache import check_cache_supported, compact_cache
-from .stats import DecodeStats
-from .tree import additive_mask
+from ..core.kv_cache import check_cache_supported, compact_cache
+from ..core.stats import DecodeStats
+from ..core.tree import additive_mask
+from ..errors import SpecDecError
 
 _EPS = 1e-12
 

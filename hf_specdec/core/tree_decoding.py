@@ -2,10 +2,10 @@
 
 Usage::
 
-    from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.core.tree_decoding import tree_generate
     out = target.generate(**inputs, custom_generate=tree_generate, proposer=my_proposer, stats=DecodeStats())
 
-Each step: the proposer drafts a :class:`~hf_specdec.tree.TokenTree` below the last committed token (the
+Each step: the proposer drafts a :class:`~hf_specdec.core.tree.TokenTree` below the last committed token (the
 root); ONE target forward verifies ``[root, nodes...]`` with tree positions and a tree mask
 (``tree.py``); ``acceptance.py`` picks the accepted path plus one target token (greedy or lossless
 sampling); ``kv_cache.py`` compacts the cache to that path. tau (tokens per target forward) is
@@ -26,8 +26,8 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..errors import SpecDecError
 from .acceptance import accept_tree
-from .errors import SpecDecError
 from .kv_cache import check_cache_supported, check_tree_support, compact_cache
 from .stats import DecodeStats
 from .tree import TokenTree, additive_mask

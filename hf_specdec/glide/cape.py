@@ -51,12 +51,12 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from .errors import SpecDecError
-from .glide_generation import GlideDraftCache
-from .stats import DecodeStats
-from .tree import ROOT, TokenTree
-from .tree_decoding import StepFeedback, TreeProposer, tree_generate
-from .verify_cost import CostCurve, measured_cost
+from ..core.stats import DecodeStats
+from ..core.tree import ROOT, TokenTree
+from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
+from ..core.verify_cost import CostCurve, measured_cost
+from ..errors import SpecDecError
+from .candidate_generator import GlideDraftCache
 
 DEFAULT_GAMMA = 5  # gamma, proposal length (§5.1)
 
@@ -138,7 +138,7 @@ def cape_tree(
 
 
 class CapeProposer(TreeProposer):
-    """GLIDE + CAPE as a :class:`~hf_specdec.tree_decoding.TreeProposer` (see the module docstring).
+    """GLIDE + CAPE as a :class:`~hf_specdec.core.tree_decoding.TreeProposer` (see the module docstring).
 
     ``gamma`` (default: the drafter's ``num_assistant_tokens``, else 5) drafter forwards per step build the chain
     and every expansion set. ``expansion`` is the S(p) table. ``logits_processor``: the processors of the
