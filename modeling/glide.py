@@ -28,12 +28,11 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
+from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
 from hf_specdec.target import target_fingerprint
 
 from .attached import TargetAttachedMixin
-
-DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma, the proposal length (§5.1)
 
 
 class GlideConfig(PretrainedConfig):
@@ -278,7 +277,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         self.layers = nn.ModuleList(GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._init_draft_vocab()
-        self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
+        self.generation_config.num_assistant_tokens = DEFAULT_GAMMA  # §5.1
         self.generation_config.num_assistant_tokens_schedule = "constant"
         self.post_init()
 

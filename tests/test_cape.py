@@ -221,6 +221,31 @@ def test_greedy_is_token_identical_to_plain_generate(kw):
         assert max(s["nodes"] for s in stats.steps) > max(s["depth"] for s in stats.steps)  # expanded
 
 
+def test_streamer_keyword_and_its_deprecated_name():
+    class Collect:
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            pass
+
+    target = tiny_llama()
+    d = _drafter(target)
+    prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(0))
+    kw = dict(
+        max_new_tokens=12, do_sample=False, custom_generate=hf_specdec.glide_cape, drafter=d, cape_cost=False
+    )
+    new, old = Collect(), Collect()
+    out = target.generate(prompt, specdec_streamer=new, **kw)
+    assert new.chunks[0] == prompt[0].tolist() and sum(new.chunks[1:], []) == out[0, 5:].tolist()
+    with pytest.warns(FutureWarning, match="specdec_streamer"):
+        target.generate(prompt, tree_streamer=old, **kw)
+    assert old.chunks == new.chunks
+
+
 def test_accepted_expansion_tokens_happen_and_stay_exact():
     """With a weak drafter some accepted tokens are expansion tokens (not the proposal's); the output stays exact
     and the drafter cache is re-synced after them (checked in ``Recording.propose``)."""

@@ -313,10 +313,14 @@ def test_streamer_gets_the_prompt_then_every_token():
     model = tiny_llama(vocab_size=32, seed=0)
     prompt = _cyclic_prompt(0)
     streamer = Collect()
-    out = _greedy(model, prompt, 20, **FORCED, pld_streamer=streamer)
+    out = _greedy(model, prompt, 20, **FORCED, specdec_streamer=streamer)
     assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
     assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
     assert any(len(c) > 1 for c in streamer.chunks[1:])  # accepted drafts arrive several tokens at a time
+    old = Collect()  # the old keyword still streams, with a warning that names the new one
+    with pytest.warns(FutureWarning, match="specdec_streamer"):
+        _greedy(model, prompt, 20, **FORCED, pld_streamer=old)
+    assert old.chunks == streamer.chunks and old.ended
 
 
 def test_hidden_store_keeps_only_verified_positions(generators):

@@ -128,6 +128,33 @@ def test_cache_holds_only_real_tokens():
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
 
 
+def test_streamer_gets_the_prompt_then_every_token():
+    class Collect:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    model = _peaked(tiny_llama(vocab_size=97))
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    streamer = Collect()
+    out = model.generate(
+        prompt,
+        max_new_tokens=20,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        custom_generate=hf_specdec.space,
+        specdec_streamer=streamer,
+    )
+    assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
+    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
+
+
 def test_stops_at_eos_inside_an_accepted_run():
     model = _peaked(tiny_llama(vocab_size=97))
     prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])

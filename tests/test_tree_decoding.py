@@ -128,7 +128,7 @@ def test_eos_and_custom_stopping_criteria():
     assert out.shape[1] == 12 and out[0, 5:].tolist() == free[:7]
 
 
-def test_tree_streamer_receives_prompt_then_every_token():
+def test_streamer_receives_prompt_then_every_token():
     class Collect(BaseStreamer):
         def __init__(self):
             self.chunks, self.ended = [], False
@@ -144,10 +144,16 @@ def test_tree_streamer_receives_prompt_then_every_token():
     ref = _greedy(model, prompt, 12)
     s = Collect()
     out = _greedy(
-        model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), tree_streamer=s
+        model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), specdec_streamer=s
     )
     assert s.ended and s.chunks[0] == prompt[0].tolist()
     assert sum(s.chunks[1:], []) == out[0, 5:].tolist()
+    old = Collect()  # the old keyword still streams, with a warning that names the new one
+    with pytest.warns(FutureWarning, match="specdec_streamer"):
+        _greedy(
+            model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), tree_streamer=old
+        )
+    assert old.chunks == s.chunks and old.ended
 
 
 def test_sliding_window_model_falls_back_and_stays_exact():

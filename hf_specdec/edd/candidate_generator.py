@@ -57,7 +57,7 @@ class EddCandidateGenerator(CandidateGenerator):
             token, processed = draft_token(self, self.edd, sequence, self.edd.draft_logits(hidden))
             scores.append(processed)
             sequence = torch.cat([sequence, token], dim=1)
-            if (self.eos is not None and int(token) in self.eos) or i == budget - 1:
+            if int(token) in self.eos or i == budget - 1:
                 break
             hidden = self.state.chain_step(token, sequence.shape[1] - 1)
         self.prev_total = sequence.shape[1]

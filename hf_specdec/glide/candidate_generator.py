@@ -107,7 +107,7 @@ class GlideCandidateGenerator(CandidateGenerator):
             drafted.append(token)
             sequence = torch.cat([sequence, token], dim=1)
             step_ids = token
-            if self.eos is not None and int(token) in self.eos:
+            if int(token) in self.eos:
                 break
         self.draft_time += time.perf_counter() - t0
         candidate_logits = torch.stack(scores, dim=1) if self.do_sample else None

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..core.assisted import run_assisted_decoding
+from ..core.generate_io import eos_token_ids, resolve_streamer
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
@@ -51,13 +52,14 @@ def pld_plus(
     pld_cost: CostCurve | None = None,
     pld_priors: tuple[float, float, float] | None = None,
     pld_return_attribution: bool = False,
+    specdec_streamer=None,
     pld_streamer=None,
     **model_kwargs,
 ):
     """``custom_generate`` for PLD+: ``model.generate(**inputs, custom_generate=hf_specdec.pld_plus, ...)``.
 
     Every ``generate`` argument works as usual (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``,
-    ``streamer``, ``return_dict_in_generate`` ...); batch size 1, like all of transformers' assisted decoding.
+    ``return_dict_in_generate`` ...); batch size 1, like all of transformers' assisted decoding.
 
     Args:
         pld_variant: ``"hidden"`` (PLD+(h), default) or ``"attention"`` (PLD+(a)).
@@ -76,8 +78,9 @@ def pld_plus(
             default :data:`DEFAULT_MIN_SCORE`, ``-1`` turns it off.
         pld_return_attribution: return a :class:`PLDPlusGenerateOutput` whose ``attribution`` lists, for every
             copied-and-accepted span, the context position it was copied from (App. D).
-        pld_streamer: a streamer (``TextStreamer`` ...). transformers 5.23's ``generate`` does not hand its own
-            ``streamer=`` to a ``custom_generate`` callable (it only puts the prompt into it), so pass it here.
+        specdec_streamer: a streamer (``TextStreamer`` ...). transformers 5.23's ``generate`` does not hand its own
+            ``streamer=`` to a ``custom_generate`` callable (it only puts the prompt into it), so pass it here
+            (``core/generate_io.py``); ``pld_streamer`` is its deprecated name.
     """
     variant = VARIANTS.get(str(pld_variant).lower())
     if variant is None:
@@ -89,18 +92,17 @@ def pld_plus(
             "pld_priors takes three probabilities: the hit rate of a fresh occurrence, of a running copy, and the "
             f"continuation rate (default {DEFAULT_PRIORS}); got {pld_priors!r}"
         )
-    if pld_streamer is not None:
-        pld_streamer.put(input_ids.cpu())  # what generate does with its own streamer before decoding
-        streamer = pld_streamer
+    streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
     if pld_num_tokens is not None:
         k, cost = pld_num_tokens, None
     else:
         k = DEFAULT_MAX_TOKENS if pld_max_num_tokens is None else pld_max_num_tokens
         cost = pld_cost if pld_cost is not None else measured_cost(model, input_ids[0])
+    eos = eos_token_ids(generation_config)
     common = dict(
         num_draft_tokens=k,
         max_length=generation_config.max_length,
-        eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
+        eos_token_id=torch.tensor(eos) if eos else None,
         min_score=DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score),
         cost=cost,
         priors=DEFAULT_PRIORS if pld_priors is None else tuple(pld_priors),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cli import parse_floats, parse_ints
+from ..core.generate_io import eos_token_ids
 from ..core.verify_cost import CostCurve, forward_times, interpolate
 from .defaults import DEFAULT_PRIORS
 from .draft_length import DraftLength
@@ -169,8 +170,7 @@ def run(args) -> int:
 
     model, tokenizer = load_target(args.model, args.dtype)
     ds = load_task(args.task, tokenizer, args.limit)
-    eos_ids = model.generation_config.eos_token_id
-    eos = {int(eos_ids)} if isinstance(eos_ids, int) else {int(e) for e in eos_ids or []}
+    eos = set(eos_token_ids(model.generation_config))
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers + 1)) if args.layers == "all" else parse_ints(args.layers)
     ks, tops = parse_ints(args.ks), parse_ints(args.top_heads)
