@@ -285,7 +285,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """Teacher-forced forward (see ``hidden_states``); ``labels`` give the shifted cross-entropy loss. Logits are
         over the full vocabulary (``-inf`` outside a reduced draft vocabulary).
-        Decoding does not go through here: see ``hf_specdec.edd_generation``."""
+        Decoding does not go through here: see ``hf_specdec.edd``."""
         if input_ids is None:
             raise SpecDecError("EddForCausalLM.forward needs input_ids")
         logits = self.draft_logits(self.hidden_states(input_ids, soft_prompt, block_length))

@@ -1,7 +1,7 @@
 """``hf-specdec bench``: methods interleaved per prompt in one process, so machine drift hits all alike.
 
 For every (method, task) it records walltime speedup over ``ar``, tokens/s, tau, alpha, draft and
-verify time shares and losslessness against ``ar``'s output (see ``lossless.py``), and writes
+verify time shares and losslessness against ``ar``'s output (see ``core/lossless.py``), and writes
 ``results.json`` (top-level ``runs``), ``report.md`` and ``speedup.png``.
 """
 
