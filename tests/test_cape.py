@@ -24,7 +24,7 @@ from hf_specdec.glide.cape import (
     glide_cape,
 )
 
-from .conftest import assert_pairs_follow_target, tiny_llama
+from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_llama
 from .test_glide_model import _drafter
 
 CHECKPOINT = Path(__file__).resolve().parent.parent / "hf_specdec" / "resources" / "glide-smollm2"  # shipped
@@ -222,25 +222,15 @@ def test_greedy_is_token_identical_to_plain_generate(kw):
 
 
 def test_streamer_keyword_and_its_deprecated_name():
-    class Collect:
-        def __init__(self):
-            self.chunks = []
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            pass
-
     target = tiny_llama()
     d = _drafter(target)
     prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(0))
     kw = dict(
         max_new_tokens=12, do_sample=False, custom_generate=hf_specdec.glide_cape, drafter=d, cape_cost=False
     )
-    new, old = Collect(), Collect()
+    new, old = CollectStreamer(), CollectStreamer()
     out = target.generate(prompt, specdec_streamer=new, **kw)
-    assert new.chunks[0] == prompt[0].tolist() and sum(new.chunks[1:], []) == out[0, 5:].tolist()
+    assert new.follows(prompt, out)
     with pytest.warns(FutureWarning, match="specdec_streamer"):
         target.generate(prompt, tree_streamer=old, **kw)
     assert old.chunks == new.chunks

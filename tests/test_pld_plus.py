@@ -31,7 +31,7 @@ from hf_specdec.pld_plus.induction_heads import (
 from hf_specdec.pld_plus.ranking import occurrences, rank_by_attention, rank_by_hidden
 from hf_specdec.pld_plus.tune import hf_pld_rank
 
-from .conftest import tiny_gpt2, tiny_llama
+from .conftest import CollectStreamer, tiny_gpt2, tiny_llama
 
 # `hf_specdec.pld_plus` is the custom_generate function; the module that defines it is reached through importlib
 pld_module = importlib.import_module("hf_specdec.pld_plus.generate")
@@ -300,24 +300,13 @@ def test_eos_inside_an_accepted_draft_stops_like_greedy(generators):
 
 
 def test_streamer_gets_the_prompt_then_every_token():
-    class Collect:
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.ended = True
-
     model = tiny_llama(vocab_size=32, seed=0)
     prompt = _cyclic_prompt(0)
-    streamer = Collect()
+    streamer = CollectStreamer()
     out = _greedy(model, prompt, 20, **FORCED, specdec_streamer=streamer)
-    assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
-    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
+    assert streamer.follows(prompt, out)
     assert any(len(c) > 1 for c in streamer.chunks[1:])  # accepted drafts arrive several tokens at a time
-    old = Collect()  # the old keyword still streams, with a warning that names the new one
+    old = CollectStreamer()  # the old keyword still streams, with a warning that names the new one
     with pytest.warns(FutureWarning, match="specdec_streamer"):
         _greedy(model, prompt, 20, **FORCED, pld_streamer=old)
     assert old.chunks == streamer.chunks and old.ended

@@ -12,7 +12,7 @@ from hf_specdec.core.stats import DecodeStats
 from hf_specdec.errors import SpecDecError
 from hf_specdec.space.decoding import attention_mask, build_input, positions, space_generate
 
-from .conftest import tiny_gpt2, tiny_llama
+from .conftest import CollectStreamer, tiny_gpt2, tiny_llama
 
 # Fig. 7 (k = 2): LLMs are [M] [M] auto [M] [M] model [M] [M]
 FIG7 = """
@@ -129,30 +129,12 @@ def test_cache_holds_only_real_tokens():
 
 
 def test_streamer_gets_the_prompt_then_every_token():
-    class Collect:
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.ended = True
-
     model = _peaked(tiny_llama(vocab_size=97))
     prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
-    streamer = Collect()
-    out = model.generate(
-        prompt,
-        max_new_tokens=20,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        custom_generate=hf_specdec.space,
-        specdec_streamer=streamer,
-    )
-    assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
-    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
+    streamer = CollectStreamer()
+    kw = dict(eos_token_id=None, pad_token_id=0, custom_generate=hf_specdec.space, specdec_streamer=streamer)
+    out = model.generate(prompt, max_new_tokens=20, do_sample=False, **kw)
+    assert streamer.follows(prompt, out)
 
 
 def test_stops_at_eos_inside_an_accepted_run():

@@ -9,14 +9,13 @@ import random
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.core.tree_decoding import TreeProposer, tree_generate
 from hf_specdec.errors import SpecDecError
 
-from .conftest import assert_pairs_follow_target, tiny_gpt2, tiny_llama
+from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_gpt2, tiny_llama
 from .test_kv_cache import tiny_mistral
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,26 +128,15 @@ def test_eos_and_custom_stopping_criteria():
 
 
 def test_streamer_receives_prompt_then_every_token():
-    class Collect(BaseStreamer):
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.ended = True
-
     model = tiny_llama()
     prompt = torch.randint(3, 97, (1, 5))
     ref = _greedy(model, prompt, 12)
-    s = Collect()
+    s = CollectStreamer()
     out = _greedy(
         model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), specdec_streamer=s
     )
-    assert s.ended and s.chunks[0] == prompt[0].tolist()
-    assert sum(s.chunks[1:], []) == out[0, 5:].tolist()
-    old = Collect()  # the old keyword still streams, with a warning that names the new one
+    assert s.follows(prompt, out)
+    old = CollectStreamer()  # the old keyword still streams, with a warning that names the new one
     with pytest.warns(FutureWarning, match="specdec_streamer"):
         _greedy(
             model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), tree_streamer=old
