@@ -145,9 +145,8 @@ def space_generate(
     cand_probs: list[torch.Tensor] = []  # P_c as full distributions (sampling only)
     finished = False
     while not finished:
-        pending = input_ids[
-            0, past:
-        ].tolist()  # real tokens not in the cache: the prompt, then the bonus token
+        # real tokens not in the cache: the prompt, then the bonus token
+        pending = input_ids[0, past:].tolist()
         room = max_length - input_ids.shape[1]  # tokens still allowed; the bonus token takes one
         c = max(0, min(len(cands), room - 1))
         ids = build_input(pending, cands[:c], k, mask_id)
