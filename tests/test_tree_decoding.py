@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.tree import TokenTree
@@ -142,6 +142,27 @@ def test_streamer_receives_prompt_then_every_token():
             model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), tree_streamer=old
         )
     assert old.chunks == s.chunks and old.ended
+
+
+def test_direct_call_stops_at_max_length_and_eos():
+    """Called without generate (no stopping criteria given), the loop stops at the config's max_length / EOS,
+    as SPACE's always did (core/generate_io.py)."""
+    model = tiny_llama()
+    prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(1))
+    ref = _greedy(model, prompt, 12, eos_token_id=None)
+    cfg = GenerationConfig(max_length=17, do_sample=False)
+    with torch.no_grad():
+        out = tree_generate(model, prompt, generation_config=cfg, proposer=NoisyOracle(ref, 0))
+        assert torch.equal(out, ref)
+        eos = int(ref[0, 9])
+        cut = tree_generate(
+            model,
+            prompt,
+            generation_config=GenerationConfig(max_length=17, eos_token_id=eos),
+            proposer=NoisyOracle(ref, 0),
+        )
+    first = ref[0, 5:].tolist().index(eos) + 5
+    assert torch.equal(cut, ref[:, : first + 1])
 
 
 def test_sliding_window_model_falls_back_and_stays_exact():
