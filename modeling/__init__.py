@@ -3,7 +3,8 @@
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .edd import EddConfig, EddForCausalLM
-from .glide import GlideConfig, GlideForCausalLM
+from .glide import GlideForCausalLM
+from .glide_config import GlideConfig
 
 AutoConfig.register(GlideConfig.model_type, GlideConfig, exist_ok=True)
 AutoModelForCausalLM.register(GlideConfig, GlideForCausalLM, exist_ok=True)
