@@ -9,17 +9,22 @@ One import, one keyword::
     target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=...)  # any token-tree proposer
 
 Importing registers the drafters with the Auto classes and installs the one hook into transformers'
-assisted loop (``hf_specdec.assisted``).
+assisted loop (``hf_specdec.core.assisted``).
+
+Layout: ``core/`` (the verification core every method shares), one package per method (``pld_plus/``,
+``glide/``, ``edd/``, ``space/``), ``bench/``, ``cli/``. ``hf_specdec.pld_plus`` and ``hf_specdec.space`` name the
+``custom_generate`` functions of the packages of the same name (bound below, after the packages are imported).
 """
 
-from . import assisted, modeling  # noqa: F401  (Auto-class registration of the drafters)
-from .cape import glide_cape
+from . import modeling  # noqa: F401  (Auto-class registration of the drafters)
+from .core import assisted
+from .core.tree import TokenTree
+from .core.tree_decoding import TreeProposer, tree_generate
 from .errors import SpecDecError
-from .pld_plus_generation import pld_plus
-from .space_generation import space_generate as space
+from .glide import glide_cape
+from .pld_plus import pld_plus
+from .space import space_generate as space
 from .target import load_default_target, load_target
-from .tree import TokenTree
-from .tree_decoding import TreeProposer, tree_generate
 
 assisted.install()
 

@@ -9,7 +9,8 @@ and are saved under the new names.
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .edd import EddConfig, EddForCausalLM
-from .glide import GlideConfig, GlideForCausalLM
+from .glide import GlideForCausalLM
+from .glide_config import GlideConfig
 
 
 def _legacy(config_cls, model_cls, old_type: str):

@@ -39,12 +39,11 @@ from transformers import AutoConfig, AutoModel, GenerationMixin, PretrainedConfi
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
 from hf_specdec.target import target_fingerprint
 
 from .attached import TargetAttachedMixin
-
-DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma of the chain drafts (Table 1: "a draft sequence of length 5")
 
 # Keys of a target config that only make sense for the full stack and are dropped for the one-layer decoder.
 _PER_LAYER_KEYS = ("layer_types", "mlp_only_layers", "sliding_window_pattern", "no_rope_layers")
@@ -173,7 +172,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         if hasattr(self.decoder, "embed_tokens"):
             self.decoder.embed_tokens = None  # the target's embedding is used (never stored here)
         self._init_draft_vocab()
-        self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
+        self.generation_config.num_assistant_tokens = DEFAULT_GAMMA  # Table 1: "a draft sequence of length 5"
         self.generation_config.num_assistant_tokens_schedule = "constant"
         self.post_init()
 
@@ -299,7 +298,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         """Teacher-forced forward (see ``hidden_states``); ``labels`` give the shifted cross-entropy loss. Logits are
         over the full vocabulary (``-inf`` outside a reduced draft vocabulary). ``return_hidden_states``: return
         ``hidden_states(...)`` alone (the training pass; through ``forward`` so that a DDP wrapper syncs gradients).
-        Decoding does not go through here: see ``hf_specdec.edd_generation``."""
+        Decoding does not go through here: see ``hf_specdec.edd``."""
         if input_ids is None:
             raise SpecDecError("EddForCausalLM.forward needs input_ids")
         if return_hidden_states:
@@ -313,8 +312,8 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
 
     # ---------------------------------------------------------------- target.generate(assistant_model=edd)
     def make_candidate_generator(self, target, generation_config, logits_processor, **_):
-        """Called by ``hf_specdec.assisted`` when this model is passed as ``assistant_model``."""
-        from hf_specdec.edd_generation import EddCandidateGenerator
+        """Called by ``hf_specdec.core.assisted`` when this model is passed as ``assistant_model``."""
+        from hf_specdec.edd.candidate_generator import EddCandidateGenerator
 
         if self.target is not target:
             self.attach_target(target)

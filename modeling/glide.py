@@ -23,122 +23,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
+from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
-from hf_specdec.target import target_fingerprint
 
 from .attached import TargetAttachedMixin
-
-DEFAULT_NUM_DRAFT_TOKENS = 5  # gamma, the proposal length (§5.1)
-
-
-class GlideConfig(PretrainedConfig):
-    """Configuration of a GLIDE drafter. Build one for a target with ``GlideConfig.for_target(target)``.
-
-    Draft side: ``hidden_size`` (d_D, equal to the target's hidden size because the embedding and LM head are
-    shared), ``num_hidden_layers`` (N_D), self-attention heads, ``intermediate_size``.
-    Target side (what the cross-attention reads): ``target_num_hidden_layers`` (N_T),
-    ``target_num_attention_heads`` (h), ``target_num_key_value_heads``, ``target_head_dim`` (d_k),
-    ``target_layers`` (one target layer per draft layer) and ``target_info`` (the target's fingerprint).
-    ``cross_attention=False`` is the vanilla drafter. ``block_size`` is L of the block-wise training mask.
-    """
-
-    model_type = "hf_specdec_glide"  # namespaced: no future transformers model can take the name
-
-    def __init__(
-        self,
-        vocab_size: int = 49152,
-        hidden_size: int = 576,
-        intermediate_size: int = 1536,
-        num_hidden_layers: int = 1,
-        num_attention_heads: int = 9,
-        num_key_value_heads: int = 3,
-        head_dim: int = 64,
-        hidden_act: str = "silu",
-        rms_norm_eps: float = 1e-5,
-        mlp_bias: bool = False,
-        cross_attention: bool = True,
-        target_layers: list[int] | None = None,
-        target_num_hidden_layers: int = 30,
-        target_num_attention_heads: int = 9,
-        target_num_key_value_heads: int = 3,
-        target_head_dim: int = 64,
-        block_size: int = 5,
-        draft_vocab_size: int | None = None,
-        target_info: dict | None = None,
-        initializer_range: float = 0.02,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.hidden_act = hidden_act
-        self.rms_norm_eps = rms_norm_eps
-        self.mlp_bias = mlp_bias
-        self.cross_attention = cross_attention
-        if target_layers is None:  # §4.1: draft layer m attends to target layer N_T - N_D + m
-            target_layers = [
-                target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)
-            ]
-        self.target_layers = list(target_layers)
-        self.target_num_hidden_layers = target_num_hidden_layers
-        self.target_num_attention_heads = target_num_attention_heads
-        self.target_num_key_value_heads = target_num_key_value_heads
-        self.target_head_dim = target_head_dim
-        self.block_size = block_size
-        self.draft_vocab_size = draft_vocab_size
-        self.target_info = target_info or {}
-        self.initializer_range = initializer_range
-        kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(**kwargs)
-
-    @classmethod
-    def for_target(
-        cls,
-        target: PreTrainedModel,
-        num_hidden_layers: int = 1,
-        cross_attention: bool = True,
-        target_layers: list[int] | None = None,
-        draft_vocab_size: int | None = None,
-        **overrides,
-    ) -> GlideConfig:
-        """A drafter config shaped after ``target`` (a Llama-like model with rotary embeddings)."""
-        t = target.config.get_text_config()
-        heads = t.num_attention_heads
-        head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
-        kv_heads = getattr(t, "num_key_value_heads", None) or heads
-        values = dict(
-            vocab_size=t.vocab_size,
-            hidden_size=t.hidden_size,
-            intermediate_size=getattr(t, "intermediate_size", 4 * t.hidden_size),
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
-            hidden_act=getattr(t, "hidden_act", "silu"),
-            rms_norm_eps=getattr(t, "rms_norm_eps", 1e-5),
-            cross_attention=cross_attention,
-            target_layers=target_layers,
-            target_num_hidden_layers=t.num_hidden_layers,
-            target_num_attention_heads=heads,
-            target_num_key_value_heads=kv_heads,
-            target_head_dim=head_dim,
-            draft_vocab_size=draft_vocab_size,
-            target_info=target_fingerprint(target),
-            bos_token_id=t.bos_token_id,
-            eos_token_id=t.eos_token_id,
-            pad_token_id=t.pad_token_id,
-        )
-        values.update(overrides)
-        return cls(**values)
+from .glide_config import GlideConfig
 
 
 class GlideSelfAttention(nn.Module):
@@ -278,7 +172,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         self.layers = nn.ModuleList(GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._init_draft_vocab()
-        self.generation_config.num_assistant_tokens = DEFAULT_NUM_DRAFT_TOKENS
+        self.generation_config.num_assistant_tokens = DEFAULT_GAMMA  # §5.1
         self.generation_config.num_assistant_tokens_schedule = "constant"
         self.post_init()
 
@@ -441,8 +335,8 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
 
     # ---------------------------------------------------------------- hook for target.generate(assistant_model=...)
     def make_candidate_generator(self, target, generation_config, logits_processor, **_):
-        """Called by ``hf_specdec.assisted`` when this model is passed as ``assistant_model``."""
-        from hf_specdec.glide_generation import GlideCandidateGenerator
+        """Called by ``hf_specdec.core.assisted`` when this model is passed as ``assistant_model``."""
+        from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
 
         if self.target is not target:
             self.attach_target(target)

@@ -6,8 +6,27 @@ import os
 
 import pytest
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class CollectStreamer(BaseStreamer):
+    """A streamer that keeps every chunk it is given (as a list of ids) and whether it was ended."""
+
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+    def follows(self, prompt: torch.Tensor, output: torch.Tensor) -> bool:
+        """The prompt first, then exactly the new tokens of ``output``, then ``end()``."""
+        new = output[0, prompt.shape[1] :].tolist()
+        return self.ended and self.chunks[0] == prompt[0].tolist() and sum(self.chunks[1:], []) == new
 
 
 def tiny_llama(vocab_size: int = 97, seed: int = 0, **overrides):

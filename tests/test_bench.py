@@ -7,7 +7,7 @@ import torch
 
 from hf_specdec.bench.harness import run_bench
 from hf_specdec.cli import main
-from hf_specdec.stats import ForwardMeter
+from hf_specdec.core.stats import ForwardMeter
 
 from .conftest import tiny_llama
 

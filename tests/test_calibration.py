@@ -53,7 +53,8 @@ def test_calibrate_leaves_out_tokens_outside_the_draft_vocabulary():
 def test_trees_read_confidences_at_the_drafters_temperature(target_and_edd, tmp_path):
     from hf_specdec.modeling import EddConfig, EddForCausalLM
 
-    from hf_specdec.edd_generation import EddDraftState, EddTreeProposer
+    from hf_specdec.edd.draft_state import EddDraftState
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
 
     target, edd = target_and_edd
     edd.attach_target(target)
@@ -85,8 +86,8 @@ def test_trees_read_confidences_at_the_drafters_temperature(target_and_edd, tmp_
 
 
 def test_pct_with_a_temperature_stays_lossless(target_and_edd):
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
 
     target, edd = target_and_edd
     kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)

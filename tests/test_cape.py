@@ -11,7 +11,10 @@ import torch
 
 import hf_specdec
 from hf_specdec.bench.methods import BenchContext, get_method
-from hf_specdec.cape import (
+from hf_specdec.core.stats import DecodeStats
+from hf_specdec.core.tree_decoding import StepFeedback, tree_generate
+from hf_specdec.errors import SpecDecError
+from hf_specdec.glide.cape import (
     DEFAULT_EXPANSION,
     CapeProposer,
     cape_tree,
@@ -20,11 +23,8 @@ from hf_specdec.cape import (
     expansion_size,
     glide_cape,
 )
-from hf_specdec.errors import SpecDecError
-from hf_specdec.stats import DecodeStats
-from hf_specdec.tree_decoding import StepFeedback, tree_generate
 
-from .conftest import assert_pairs_follow_target, tiny_llama
+from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_llama
 from .test_glide_model import _drafter
 
 CHECKPOINT = Path(__file__).resolve().parent.parent / "hf_specdec" / "resources" / "glide-smollm2"  # shipped
@@ -221,6 +221,21 @@ def test_greedy_is_token_identical_to_plain_generate(kw):
         assert max(s["nodes"] for s in stats.steps) > max(s["depth"] for s in stats.steps)  # expanded
 
 
+def test_streamer_keyword_and_its_deprecated_name():
+    target = tiny_llama()
+    d = _drafter(target)
+    prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(0))
+    kw = dict(
+        max_new_tokens=12, do_sample=False, custom_generate=hf_specdec.glide_cape, drafter=d, cape_cost=False
+    )
+    new, old = CollectStreamer(), CollectStreamer()
+    out = target.generate(prompt, specdec_streamer=new, **kw)
+    assert new.follows(prompt, out)
+    with pytest.warns(FutureWarning, match="specdec_streamer"):
+        target.generate(prompt, tree_streamer=old, **kw)
+    assert old.chunks == new.chunks
+
+
 def test_accepted_expansion_tokens_happen_and_stay_exact():
     """With a weak drafter some accepted tokens are expansion tokens (not the proposal's); the output stays exact
     and the drafter cache is re-synced after them (checked in ``Recording.propose``)."""
@@ -347,8 +362,8 @@ def test_real_target_trained_glide_cape_is_identical(real_target):
 
 
 def test_trim_by_cost_keeps_tokens_that_pay_for_their_verification():
-    from hf_specdec.cape import trim_by_cost
-    from hf_specdec.verify_cost import CostCurve
+    from hf_specdec.core.verify_cost import CostCurve
+    from hf_specdec.glide.cape import trim_by_cost
 
     confidences = [0.5, 0.9, 0.2]
     sibling_probs = [[0.3, 0.1], [0.05], [0.4, 0.3, 0.01]]  # gains: 0.3, 0.1 | 0.025 | 0.18, 0.135, 0.0045

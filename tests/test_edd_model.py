@@ -172,8 +172,8 @@ def test_assisted_chain_is_lossless_greedy(target, soft_prompt):
 def test_assisted_chain_accepts_drafts_and_keeps_soft_prompt_verified(target):
     """With a warm-started EDD some drafts are accepted (so the drafts are really used), and the soft-prompt
     part of EDD's cache covers exactly the verified tokens."""
-    from hf_specdec.edd_generation import EddCandidateGenerator
-    from hf_specdec.stats import ForwardMeter
+    from hf_specdec.core.stats import ForwardMeter
+    from hf_specdec.edd.candidate_generator import EddCandidateGenerator
 
     edd = EddForCausalLM(EddConfig.for_target(target)).eval()
     edd.init_from_target(target)
@@ -221,8 +221,8 @@ def test_reduced_draft_vocab_restricts_drafts_round_trips_and_stays_lossless(tmp
     """``set_draft_vocab`` on a (trained) EDD: logits only over the kept ids (the target's rows, unchanged), -inf
     elsewhere in full-vocabulary logits, saved and reloaded with the checkpoint, and chain / PCT decoding with it
     still equal plain greedy decoding. Bad id sets are clear errors."""
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
 
     torch.manual_seed(2)
     edd = EddForCausalLM(EddConfig.for_target(target)).eval()
@@ -250,8 +250,9 @@ def test_reduced_draft_vocab_restricts_drafts_round_trips_and_stays_lossless(tmp
     assert torch.equal(target.generate(ids, custom_generate=tree_generate, proposer=proposer, **kw), ref)
     assert set(proposer.last_tree.tokens) <= set(keep.tolist())
     # trees built over the draft vocabulary (columns mapped to ids) == trees over full-vocabulary probabilities
-    from hf_specdec.edd_generation import EddDraftState, EddTreeExpander
-    from hf_specdec.pct import grow_fixed
+    from hf_specdec.edd.draft_state import EddDraftState
+    from hf_specdec.edd.pct import grow_fixed
+    from hf_specdec.edd.tree_proposer import EddTreeExpander
 
     class FullVocab(EddTreeExpander):
         def expand(self, nodes, tree):
@@ -279,8 +280,8 @@ def test_reduced_draft_vocab_restricts_drafts_round_trips_and_stays_lossless(tmp
 @pytest.mark.slow
 def test_real_target_chain_and_pct_are_lossless(real_target):
     """On SmolLM2-135M (fp32) an EDD (warm start, untrained) chain and PCT tree give plain greedy's tokens."""
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
 
     target, tok = real_target
     edd = EddForCausalLM(EddConfig.for_target(target)).eval()
@@ -306,8 +307,8 @@ def test_shipped_checkpoint_loads_with_auto_class_and_is_lossless(real_target):
     from transformers import AutoModelForCausalLM
 
     from hf_specdec.bench.edd_methods import PACKAGED
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.tree_decoding import tree_generate
+    from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
 
     target, tok = real_target
     edd = AutoModelForCausalLM.from_pretrained(PACKAGED).eval()

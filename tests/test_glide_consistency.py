@@ -22,7 +22,7 @@ from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from hf_specdec.trainers.drafter_trainer import DrafterTrainer
 from hf_specdec.trainers.masks import blockwise_cross_mask
 
-from hf_specdec.glide_generation import GlideCandidateGenerator, GlideDraftCache
+from hf_specdec.glide.candidate_generator import GlideCandidateGenerator, GlideDraftCache
 
 from .conftest import tiny_llama
 

@@ -60,7 +60,7 @@ def test_expected_acceptance_hand_computation():
 def test_stop_at_step_stops_and_saves():
     from types import SimpleNamespace
 
-    from hf_specdec.trainers.drafter_trainer import TimeLimitCallback
+    from hf_specdec.trainers.run_support import TimeLimitCallback
     from transformers import TrainerControl
 
     cb = TimeLimitCallback(None, stop_at_step=3)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
 
+from hf_specdec.core.kv_cache import check_cache_supported, check_tree_support, compact_cache
+from hf_specdec.core.tree import TokenTree, additive_mask
 from hf_specdec.errors import SpecDecError
-from hf_specdec.kv_cache import check_cache_supported, check_tree_support, compact_cache
-from hf_specdec.tree import TokenTree, additive_mask
 
 from .conftest import tiny_gpt2, tiny_llama
 from .test_tree_mask import random_tree

@@ -2,7 +2,7 @@
 
 import torch
 
-from hf_specdec.lossless import compare_outputs
+from hf_specdec.core.lossless import compare_outputs
 
 
 def _greedy(model, prompt, n):

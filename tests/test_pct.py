@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.pct import GrownTree, StepTimer, grow_eagle2, grow_fixed, grow_pct, rerank
-from hf_specdec.tree import ROOT
+from hf_specdec.core.tree import ROOT
+from hf_specdec.edd.pct import GrownTree, StepTimer, grow_eagle2, grow_fixed, grow_pct, rerank
 
 VOCAB = 50
 
@@ -129,10 +129,10 @@ def test_step_timer_ratio():
 def test_edd_trees_are_lossless_greedy_and_replay_exactly(target_and_edd, builder):
     """Each EDD tree gives plain greedy's tokens, and `hf-specdec tree-replay` reproduces its target forwards and
     verified nodes exactly."""
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.stats import DecodeStats
-    from hf_specdec.tree_decoding import tree_generate
-    from hf_specdec.tree_replay import replay_tree
+    from hf_specdec.core.stats import DecodeStats
+    from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
+    from hf_specdec.edd.tree_replay import replay_tree
 
     target, edd = target_and_edd
     kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
@@ -154,7 +154,8 @@ def test_edd_trees_are_lossless_greedy_and_replay_exactly(target_and_edd, builde
 def test_edd_tree_step_matches_chain_computation(target_and_edd):
     """EDD's tree forward (one query per node, tree mask) gives the same distribution at a node as running the
     path as a chain."""
-    from hf_specdec.edd_generation import EddDraftState, EddTreeExpander
+    from hf_specdec.edd.draft_state import EddDraftState
+    from hf_specdec.edd.tree_proposer import EddTreeExpander
 
     target, edd = target_and_edd
     ids = torch.randint(3, 90, (1, 7))
@@ -180,7 +181,7 @@ def test_edd_tree_step_matches_chain_computation(target_and_edd):
 
 
 def test_accepted_length_follows_the_matching_path():
-    from hf_specdec.tree_replay import accepted_length
+    from hf_specdec.edd.tree_replay import accepted_length
 
     tree = GrownTree()
     a = tree.add(5, ROOT, 0.5)

@@ -13,8 +13,14 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 import hf_specdec
+from hf_specdec.core.verify_cost import CostCurve
 from hf_specdec.errors import SpecDecError
-from hf_specdec.induction_heads import (
+from hf_specdec.pld_plus.attention_capture import capture_selected_attention
+from hf_specdec.pld_plus.attribution import CopiedSpan
+from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
+from hf_specdec.pld_plus.draft_length import DraftLength
+from hf_specdec.pld_plus.induction_heads import (
+    DEFAULT_HEADS_FILE,
     copy_sources,
     find_induction_heads,
     load_heads_doc,
@@ -22,20 +28,13 @@ from hf_specdec.induction_heads import (
     read_heads_file,
     write_heads_file,
 )
-from hf_specdec.pld_plus_generation import (
-    PLDPlusCandidateGenerator,
-    capture_selected_attention,
-    occurrences,
-    rank_by_attention,
-    rank_by_hidden,
-)
-from hf_specdec.pld_tune import hf_pld_rank
-from hf_specdec.verify_cost import CostCurve
+from hf_specdec.pld_plus.ranking import occurrences, rank_by_attention, rank_by_hidden
+from hf_specdec.pld_plus.tune import hf_pld_rank
 
-from .conftest import tiny_gpt2, tiny_llama
+from .conftest import CollectStreamer, tiny_gpt2, tiny_llama
 
-# `hf_specdec.pld_plus` is the custom_generate function; the module is reached through importlib
-pld_module = importlib.import_module("hf_specdec.pld_plus_generation")
+# `hf_specdec.pld_plus` is the custom_generate function; the module that defines it is reached through importlib
+pld_module = importlib.import_module("hf_specdec.pld_plus.generate")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -152,12 +151,12 @@ def test_eos_inside_a_draft_ends_it():
 
 
 def test_fixed_draft_length_is_k_within_budget():
-    lengths = pld_module.DraftLength(5)
+    lengths = DraftLength(5)
     assert lengths.for_source(3) == 5 and lengths.for_source(3, budget=2) == 2
 
 
 def test_adaptive_draft_length_follows_cost_and_acceptance():
-    from hf_specdec.verify_cost import CostCurve
+    from hf_specdec.core.verify_cost import CostCurve
 
     def best_k(
         h: float, a: float, slope: float, cap: int = 64
@@ -168,16 +167,14 @@ def test_adaptive_draft_length_follows_cost_and_acceptance():
     cheap, dear = CostCurve.linear(0.02), CostCurve.linear(0.15)
     for cost, slope in ((cheap, 0.02), (dear, 0.15)):
         for h, a in ((0.6, 0.6), (0.4, 0.9), (0.9, 0.95)):
-            lengths = pld_module.DraftLength(64, cost, h, 0.9, a, weight=1e9)  # priors frozen
+            lengths = DraftLength(64, cost, h, 0.9, a, weight=1e9)  # priors frozen
             assert lengths.for_source(7) == best_k(h, a, slope)
-    assert pld_module.DraftLength(64, cheap, 0.6, 0.9, 0.85).for_source(7) > pld_module.DraftLength(
+    assert DraftLength(64, cheap, 0.6, 0.9, 0.85).for_source(7) > DraftLength(
         64, dear, 0.6, 0.9, 0.85
     ).for_source(7)  # a cheaper verification drafts more
-    assert (
-        pld_module.DraftLength(64, dear, 0.05, 0.9, 0.85).for_source(7) == 0
-    )  # not worth a draft: plain step
+    assert DraftLength(64, dear, 0.05, 0.9, 0.85).for_source(7) == 0  # not worth a draft: plain step
 
-    lengths = pld_module.DraftLength(64, dear, 0.4, 0.9, 0.85, weight=4)
+    lengths = DraftLength(64, dear, 0.4, 0.9, 0.85, weight=4)
     fresh = lengths.for_source(10)
     lengths.update(11, drafted=fresh, accepted=fresh)  # fully accepted: the copy continues at 11 + fresh
     assert lengths.acceptance("continue") > 0.85  # fresh - 1 later tokens accepted, none rejected
@@ -192,7 +189,7 @@ def test_adaptive_draft_length_follows_cost_and_acceptance():
     assert lengths.acceptance("fresh") < 0.15 and lengths.for_source(3) == 0
     assert lengths.acceptance("continue") == cont
     # a draft accepted for 2 of 6 tokens: one hit, one later token accepted, one rejected
-    lengths = pld_module.DraftLength(64, dear, 0.5, 0.9, 0.5, weight=1e-9)
+    lengths = DraftLength(64, dear, 0.5, 0.9, 0.5, weight=1e-9)
     lengths.for_source(3)
     lengths.update(4, drafted=6, accepted=2)
     assert lengths.acceptance("fresh") == pytest.approx(1.0) and lengths.acceptance(
@@ -299,27 +296,20 @@ def test_eos_inside_an_accepted_draft_stops_like_greedy(generators):
     ]
     gen = generators[-1]
     assert gen.drafted_tokens == 8  # 7 .. 2: cut after the EOS
-    assert gen.spans == [pld_module.CopiedSpan(SCRIPT_PROMPT.shape[1] + 1, 2, 8)]  # one step copied 7 .. EOS
+    assert gen.spans == [CopiedSpan(SCRIPT_PROMPT.shape[1] + 1, 2, 8)]  # one step copied 7 .. EOS
 
 
 def test_streamer_gets_the_prompt_then_every_token():
-    class Collect:
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.ended = True
-
     model = tiny_llama(vocab_size=32, seed=0)
     prompt = _cyclic_prompt(0)
-    streamer = Collect()
-    out = _greedy(model, prompt, 20, **FORCED, pld_streamer=streamer)
-    assert streamer.chunks[0] == prompt[0].tolist() and streamer.ended
-    assert sum(streamer.chunks[1:], []) == out[0, prompt.shape[1] :].tolist()
+    streamer = CollectStreamer()
+    out = _greedy(model, prompt, 20, **FORCED, specdec_streamer=streamer)
+    assert streamer.follows(prompt, out)
     assert any(len(c) > 1 for c in streamer.chunks[1:])  # accepted drafts arrive several tokens at a time
+    old = CollectStreamer()  # the old keyword still streams, with a warning that names the new one
+    with pytest.warns(FutureWarning, match="specdec_streamer"):
+        _greedy(model, prompt, 20, **FORCED, pld_streamer=old)
+    assert old.chunks == streamer.chunks and old.ended
 
 
 def test_hidden_store_keeps_only_verified_positions(generators):
@@ -425,7 +415,7 @@ def test_find_heads_then_heads_file_round_trips(tmp_path):
 
 
 def test_shipped_heads_file_is_valid():
-    doc = load_heads_doc(hf_specdec.induction_heads.DEFAULT_HEADS_FILE)
+    doc = load_heads_doc(DEFAULT_HEADS_FILE)
     assert doc["num_layers"] == 30 and doc["num_heads"] == 9 and doc["task"] == "summarize"
     assert all(0 <= h["layer"] < 30 and 0 <= h["head"] < 9 for h in doc["heads"])
 
@@ -495,7 +485,7 @@ def test_real_target_is_lossless_and_faster_per_forward(real_target, generators)
 
 
 def test_oracle_rank_picks_the_occurrence_the_target_accepts_most_of():
-    from hf_specdec.pld_tune import oracle_rank, replay
+    from hf_specdec.pld_plus.tune import oracle_rank, replay
 
     # context: "7 4 5 | 7 4 9 | 7" ; the greedy output goes on "4 9 1": the occurrence at 3 is the right one
     seq = torch.tensor([7, 4, 5, 7, 4, 9, 7, 4, 9, 1])

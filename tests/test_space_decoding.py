@@ -8,11 +8,11 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_specdec
+from hf_specdec.core.stats import DecodeStats
 from hf_specdec.errors import SpecDecError
-from hf_specdec.space_generation import attention_mask, build_input, positions, space_generate
-from hf_specdec.stats import DecodeStats
+from hf_specdec.space.decoding import attention_mask, build_input, positions, space_generate
 
-from .conftest import tiny_gpt2, tiny_llama
+from .conftest import CollectStreamer, tiny_gpt2, tiny_llama
 
 # Fig. 7 (k = 2): LLMs are [M] [M] auto [M] [M] model [M] [M]
 FIG7 = """
@@ -126,6 +126,15 @@ def test_cache_holds_only_real_tokens():
     for a, b in zip(cache.layers, plain.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
+
+
+def test_streamer_gets_the_prompt_then_every_token():
+    model = _peaked(tiny_llama(vocab_size=97))
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    streamer = CollectStreamer()
+    kw = dict(eos_token_id=None, pad_token_id=0, custom_generate=hf_specdec.space, specdec_streamer=streamer)
+    out = model.generate(prompt, max_new_tokens=20, do_sample=False, **kw)
+    assert streamer.follows(prompt, out)
 
 
 def test_stops_at_eos_inside_an_accepted_run():

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import hf_specdec.acceptance as acceptance
-from hf_specdec.acceptance import accept_tree, sample_children
-from hf_specdec.tree import TokenTree
+import hf_specdec.core.acceptance as acceptance
+from hf_specdec.core.acceptance import accept_tree, sample_children
+from hf_specdec.core.tree import TokenTree
 
 stats = pytest.importorskip("scipy.stats")
 

@@ -8,15 +8,14 @@ import random
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from hf_specdec.core.stats import DecodeStats
+from hf_specdec.core.tree import TokenTree
+from hf_specdec.core.tree_decoding import TreeProposer, tree_generate
 from hf_specdec.errors import SpecDecError
-from hf_specdec.stats import DecodeStats
-from hf_specdec.tree import TokenTree
-from hf_specdec.tree_decoding import TreeProposer, tree_generate
 
-from .conftest import assert_pairs_follow_target, tiny_gpt2, tiny_llama
+from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_gpt2, tiny_llama
 from .test_kv_cache import tiny_mistral
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -128,26 +127,42 @@ def test_eos_and_custom_stopping_criteria():
     assert out.shape[1] == 12 and out[0, 5:].tolist() == free[:7]
 
 
-def test_tree_streamer_receives_prompt_then_every_token():
-    class Collect(BaseStreamer):
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.ended = True
-
+def test_streamer_receives_prompt_then_every_token():
     model = tiny_llama()
     prompt = torch.randint(3, 97, (1, 5))
     ref = _greedy(model, prompt, 12)
-    s = Collect()
+    s = CollectStreamer()
     out = _greedy(
-        model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), tree_streamer=s
+        model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), specdec_streamer=s
     )
-    assert s.ended and s.chunks[0] == prompt[0].tolist()
-    assert sum(s.chunks[1:], []) == out[0, 5:].tolist()
+    assert s.follows(prompt, out)
+    old = CollectStreamer()  # the old keyword still streams, with a warning that names the new one
+    with pytest.warns(FutureWarning, match="specdec_streamer"):
+        _greedy(
+            model, prompt, 12, custom_generate=tree_generate, proposer=NoisyOracle(ref, 0), tree_streamer=old
+        )
+    assert old.chunks == s.chunks and old.ended
+
+
+def test_direct_call_stops_at_max_length_and_eos():
+    """Called without generate (no stopping criteria given), the loop stops at the config's max_length / EOS,
+    as SPACE's always did (core/generate_io.py)."""
+    model = tiny_llama()
+    prompt = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(1))
+    ref = _greedy(model, prompt, 12, eos_token_id=None)
+    cfg = GenerationConfig(max_length=17, do_sample=False)
+    with torch.no_grad():
+        out = tree_generate(model, prompt, generation_config=cfg, proposer=NoisyOracle(ref, 0))
+        assert torch.equal(out, ref)
+        eos = int(ref[0, 9])
+        cut = tree_generate(
+            model,
+            prompt,
+            generation_config=GenerationConfig(max_length=17, eos_token_id=eos),
+            proposer=NoisyOracle(ref, 0),
+        )
+    first = ref[0, 5:].tolist().index(eos) + 5
+    assert torch.equal(cut, ref[:, : first + 1])
 
 
 def test_sliding_window_model_falls_back_and_stays_exact():

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from hf_specdec.core.tree import TokenTree, additive_mask
 from hf_specdec.errors import SpecDecError
-from hf_specdec.tree import TokenTree, additive_mask
 
 from .conftest import tiny_gpt2, tiny_llama
 

@@ -1,6 +1,6 @@
 import torch
 
-from hf_specdec.verify_cost import SIZES, CostCurve, interpolate, measured_cost
+from hf_specdec.core.verify_cost import SIZES, CostCurve, interpolate, measured_cost
 from tests.conftest import tiny_llama
 
 

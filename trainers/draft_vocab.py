@@ -145,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, TrainingArguments
 
     from hf_specdec.cli import parse_ints
+    from hf_specdec.core.verify_cost import measured_cost
     from hf_specdec.target import load_target
-    from hf_specdec.verify_cost import measured_cost
 
     from .data import frequent_tokens
     from .drafter_run import training_blocks

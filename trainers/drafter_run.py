@@ -19,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -36,7 +35,8 @@ class DrafterRecipe:
     - ``architecture(args, drafter, coverage) -> str``: the card's architecture line;
     - ``after_training(trainer) -> dict``: extra card entries after the final evaluation (may be empty);
     - ``measure(target, tokenizer, drafter, prompts) -> dict``: the card's quick greedy measurement;
-    - ``write_card(out_dir, info)``: the model card;
+    - ``write_card(out_dir, info)``: the model card (``run_support.write_card`` with the recipe's text,
+      :func:`drafter_card_rows` for the table);
     - ``extra_info(drafter) -> dict``: other card entries.
     """
 
@@ -115,9 +115,9 @@ def resume_checkpoint(args) -> str | None:
     """The checkpoint ``--resume`` continues from (``get_last_checkpoint``); None without ``--resume``."""
     if not args.resume:
         return None
-    from transformers.trainer_utils import get_last_checkpoint
+    from .run_support import last_checkpoint
 
-    last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+    last = last_checkpoint(args.output_dir)
     if last is None:
         raise SpecDecError(
             f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
@@ -132,7 +132,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     from hf_specdec.target import load_target
 
     from .data import install_draft_vocab
-    from .drafter_trainer import DrafterTrainer, TimeLimitCallback, write_training_curve
+    from .drafter_trainer import DrafterTrainer, write_training_curve
+    from .run_support import TimeLimitCallback
 
     if args.max_steps < 1:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
@@ -215,3 +216,13 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         f"saved {recipe.name} to {args.output_dir} ({steps} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
     )
     return 0
+
+
+def drafter_card_rows(info: dict, fields: list[tuple[str, str]]) -> list[tuple[str, object]]:
+    """A drafter card's table: the target's fingerprint, then the ``(key, label)`` ``fields`` present in ``info``."""
+    t = info["target"]
+    target = (
+        f"{t['name']} ({t['model_type']}, hidden {t['hidden_size']}, {t['num_hidden_layers']} layers, "
+        f"vocab {t['vocab_size']}, embedding sha1 {t['embedding_sha1'][:12]})"
+    )
+    return [("target", target), *((label, info[key]) for key, label in fields if key in info)]

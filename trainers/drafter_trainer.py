@@ -31,12 +31,11 @@ drafter that reads the target gains most.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 
 from hf_specdec.errors import SpecDecError
 
@@ -301,32 +300,6 @@ def _stack_collator(rows: list[dict]) -> dict:
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels")}
 
 
-class TimeLimitCallback(TrainerCallback):
-    """Stop (and save) once training has run ``max_seconds`` of wall time in this process, or at optimizer step
-    ``stop_at_step``; the learning-rate schedule stays the one of ``max_steps`` (so a run stopped at step N matches
-    another run's state at step N: equal-budget ablations)."""
-
-    def __init__(self, max_seconds: float | None, stop_at_step: int | None = None):
-        self.max_seconds = max_seconds
-        self.stop_at_step = stop_at_step
-        self.start = None
-
-    @classmethod
-    def from_args(cls, args) -> TimeLimitCallback:
-        """From the trainers' ``--max-minutes`` and ``--stop-at-step`` (``trainers/run_options.py``)."""
-        return cls(args.max_minutes * 60 if args.max_minutes else None, args.stop_at_step)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        timed_out = self.max_seconds and time.perf_counter() - self.start > self.max_seconds
-        if timed_out or (self.stop_at_step and state.global_step >= self.stop_at_step):
-            control.should_training_stop = True
-            control.should_save = True
-        return control
-
-
 def write_training_curve(log_history: list[dict], out_dir: str | Path) -> Path:
     """Write ``training_curve.json`` and ``training_curve.png`` (train loss, eval loss, eval top-1 match)."""
     out_dir = Path(out_dir)
@@ -356,32 +329,4 @@ def write_training_curve(log_history: list[dict], out_dir: str | Path) -> Path:
     path = out_dir / "training_curve.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
-
-
-def write_drafter_card(
-    out_dir: str | Path, info: dict, intro: list[str], fields: list[tuple[str, str]], footnote: str
-) -> Path:
-    """Write a drafter's model card: ``model_card.json`` (``info``) and ``README.md`` = ``intro`` lines, a table
-    with the target's fingerprint and the ``(key, label)`` ``fields`` present in ``info``, then ``footnote``."""
-    out_dir = Path(out_dir)
-    t = info["target"]
-    lines = [
-        *intro,
-        "",
-        "| | |",
-        "|---|---|",
-        f"| target | {t['name']} ({t['model_type']}, hidden {t['hidden_size']}, {t['num_hidden_layers']} layers, "
-        f"vocab {t['vocab_size']}, embedding sha1 {t['embedding_sha1'][:12]}) |",
-    ]
-    for key, label in fields:
-        if key in info:
-            value = info[key]
-            if isinstance(value, dict):
-                value = ", ".join(f"{k} {v}" for k, v in value.items())
-            lines.append(f"| {label} | {value} |")
-    lines += ["", footnote, ""]
-    (out_dir / "model_card.json").write_text(json.dumps(info, indent=1))
-    path = out_dir / "README.md"
-    path.write_text("\n".join(lines))
     return path

@@ -52,10 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
     """Greedy tau/alpha of the chain (``assistant_model=drafter``) and of PCT on the first mt-bench prompts, and
     whether both outputs equal plain greedy decoding."""
-    from hf_specdec.edd_generation import EddTreeProposer
-    from hf_specdec.stats import DecodeStats, ForwardMeter
+    from hf_specdec.core.stats import DecodeStats, ForwardMeter
+    from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.tree_proposer import EddTreeProposer
     from hf_specdec.tasks import load_task
-    from hf_specdec.tree_decoding import tree_generate
 
     rows = load_task("mt-bench", tokenizer, prompts)
     chain, tree = DecodeStats(), DecodeStats()
@@ -102,8 +102,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "```python",
         "import hf_specdec",
         "from hf_specdec.modeling import EddForCausalLM",
-        "from hf_specdec.edd_generation import EddTreeProposer",
-        "from hf_specdec.tree_decoding import tree_generate",
+        "from hf_specdec.edd import EddTreeProposer",
+        "from hf_specdec import tree_generate",
         "target, tok = hf_specdec.load_default_target('fp32')",
         f"edd = EddForCausalLM.from_pretrained('{out_dir}', target=target)",
         "target.generate(**inputs, assistant_model=edd)                       # chain drafts (gamma = 5)",
@@ -129,9 +129,10 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "top1_other_context = the top-1 match with the soft prompt of another validation sequence (the gap is what "
         "the soft prompt is worth)."
     )
-    from hf_specdec.trainers.drafter_trainer import write_drafter_card
+    from hf_specdec.trainers.drafter_run import drafter_card_rows
+    from hf_specdec.trainers.run_support import write_card
 
-    return write_drafter_card(out_dir, info, intro, fields, footnote)
+    return write_card(out_dir, info, intro, drafter_card_rows(info, fields), [footnote])
 
 
 def _build(args, target):

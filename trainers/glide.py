@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure(target, tokenizer, drafter, prompts: int, max_new_tokens: int = 64) -> dict:
     """alpha / tau of ``target.generate(assistant_model=drafter)`` on the first mt-bench prompts (greedy)."""
-    from hf_specdec.stats import ForwardMeter
+    from hf_specdec.core.stats import ForwardMeter
     from hf_specdec.tasks import load_task
 
     rows = load_task("mt-bench", tokenizer, prompts)
@@ -122,9 +122,10 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "top1_other_context = the same with the target's KV cache of another validation sequence (the gap is what "
         "the glimpse is worth)."
     )
-    from hf_specdec.trainers.drafter_trainer import write_drafter_card
+    from hf_specdec.trainers.drafter_run import drafter_card_rows
+    from hf_specdec.trainers.run_support import write_card
 
-    return write_drafter_card(out_dir, info, intro, fields, footnote)
+    return write_card(out_dir, info, intro, drafter_card_rows(info, fields), [footnote])
 
 
 def _build(args, target):

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
 
 from hf_specdec.errors import SpecDecError
 
@@ -109,30 +108,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
 
 
-class _TimeBudget(TrainerCallback):
-    """Stops training (the Trainer then saves as usual) once ``seconds`` of wall time have passed."""
+def write_model_card(folder: Path, info: dict) -> Path:
+    """The card of a SAR-SFT / SFT checkpoint: ``README.md`` and ``space_training.json`` (the same facts,
+    machine-readable), written by the trainers' one card writer (``run_support.write_card``)."""
+    from hf_specdec.trainers.run_support import write_card
 
-    def __init__(self, seconds: float):
-        self.deadline = time.perf_counter() + seconds
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if time.perf_counter() > self.deadline:
-            control.should_training_stop = True
-            control.should_save = True
-        return control
-
-
-def _last_checkpoint(out: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(str(out)) if out.is_dir() else None
-
-
-def model_card(info: dict) -> str:
-    """Markdown model card (README.md) of a SAR-SFT / SFT checkpoint."""
     kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
     tau = info.get("tau")
-    lines = [
+    intro = [
         "---",
         "library_name: transformers",
         "tags: [hf_specdec, space, speculative-decoding]",
@@ -140,31 +123,32 @@ def model_card(info: dict) -> str:
         f"# {kind}",
         "",
         f"Fine-tuned from `{info['base']}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        f"| k (mask tokens) | {info['k']} |",
-        f"| p_ar | {info['p_ar']} |",
-        f"| mask token | `{MASK_TOKEN}` (id {info['mask_token_id']}) |",
-        f"| method | {info['method']} |",
-        f"| steps x batch | {info['steps']} x {info['batch']} |",
-        f"| final train loss | {info.get('train_loss', '-')} |",
-        f"| eval loss | {info.get('eval_loss', '-')} |",
-        f"| measured tau (SPACE greedy) | {'-' if tau is None else f'{tau:.3f}'} |",
-        "",
+    ]
+    rows = [
+        ("k (mask tokens)", info["k"]),
+        ("p_ar", info["p_ar"]),
+        ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
+        ("method", info["method"]),
+        ("steps x batch", f"{info['steps']} x {info['batch']}"),
+        ("final train loss", info.get("train_loss", "-")),
+        ("eval loss", info.get("eval_loss", "-")),
+        ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
+    ]
+    footer = [
         "tau = tokens produced per model forward with auto-correct decoding "
         f"({info.get('tau_detail', 'not measured')}).",
         "",
         "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`.",
-        "",
     ]
-    return "\n".join(lines)
+    return write_card(
+        folder, info, intro, rows, footer, header="| setting | value |", json_name="space_training.json"
+    )
 
 
 def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
     """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward)."""
-    from hf_specdec.space_generation import space_generate
-    from hf_specdec.stats import DecodeStats
+    from hf_specdec.core.stats import DecodeStats
+    from hf_specdec.space.decoding import space_generate
     from hf_specdec.tasks import load_task
 
     ds = load_task("mt-bench", tokenizer, n_prompts)
@@ -188,6 +172,7 @@ def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) 
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
     from hf_specdec.trainers.data import sft_dataset
+    from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint
     from hf_specdec.trainers.space_collator import SpaceDataCollator
     from transformers import Trainer, TrainingArguments
 
@@ -250,8 +235,8 @@ def run(args: argparse.Namespace) -> None:
     )
     trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=val, data_collator=collator)
     if args.max_minutes:
-        trainer.add_callback(_TimeBudget(args.max_minutes * 60))
-    resume = None if args.no_resume else _last_checkpoint(out)
+        trainer.add_callback(TimeLimitCallback(args.max_minutes * 60))
+    resume = None if args.no_resume else last_checkpoint(out)
     if resume:
         logger.warning("resuming from %s", resume)
     result = trainer.train(resume_from_checkpoint=resume)
@@ -284,12 +269,5 @@ def run(args: argparse.Namespace) -> None:
             info["tau"], info["tau_detail"] = measure_tau(trained, tokenizer, args.tau_prompts)
         except Exception as exc:  # the checkpoint is saved; a failed measurement must not lose it
             logger.warning("tau measurement failed: %s", exc)
-    write_card(final, info)
+    write_model_card(final, info)
     print(f"saved {final} (eval loss {info['eval_loss']}, tau {info.get('tau')})")
-
-
-def write_card(folder: Path, info: dict) -> None:
-    """Write ``README.md`` and ``space_training.json`` (the same facts, machine-readable) into ``folder``."""
-    folder = Path(folder)
-    (folder / "space_training.json").write_text(json.dumps(info, indent=1))
-    (folder / "README.md").write_text(model_card(info))

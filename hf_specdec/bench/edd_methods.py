@@ -71,7 +71,7 @@ class _EddTree(Method):
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
-        from hf_specdec.edd_generation import EddTreeProposer
+        from hf_specdec.edd.tree_proposer import EddTreeProposer
 
         o = ctx.options
         kwargs = {}
@@ -88,7 +88,7 @@ class _EddTree(Method):
         self.proposer = EddTreeProposer(load_edd(ctx), self.builder, **kwargs)
 
     def generate(self, input_ids, max_new_tokens):
-        from hf_specdec.tree_decoding import tree_generate
+        from hf_specdec.core.tree_decoding import tree_generate
 
         return greedy_with_stats(
             self.model,

@@ -6,12 +6,12 @@ Checkpoints come from ``--option glide=PATH`` / ``--option vanilla=PATH``; by de
 shipped in the package (``hf_specdec/resources/glide-smollm2``). ``--option gamma=N`` sets the number of draft
 tokens per round (default 5). Stats are inferred from the target's forwards (``stats.ForwardMeter``).
 
-``glide-cape``: the same GLIDE checkpoint with CAPE (§4.2, ``hf_specdec.cape``): gamma = 5 proposal tokens plus
+``glide-cape``: the same GLIDE checkpoint with CAPE (§4.2, ``hf_specdec.glide.cape``): gamma = 5 proposal tokens plus
 confidence-sized expansion sets, verified as one token tree per target forward through ``custom_generate=
 hf_specdec.glide_cape``. It returns its own ``DecodeStats`` (tau = new tokens per target forward; drafted = all
 tree nodes, so alpha is per node; nodes per step in ``DecodeStats.steps``). Options: ``gamma``, and
 ``cape_bins=0.3:7,0.6:5,0.8:3,1:1`` (S(p) as upper:K pairs), ``cape_cost=0`` (keep all of S(p); default 1: drop
-expansion tokens that do not pay their measured verification cost, see ``hf_specdec/cape.py``).
+expansion tokens that do not pay their measured verification cost, see ``hf_specdec/glide/cape.py``).
 """
 
 from __future__ import annotations
@@ -89,14 +89,14 @@ class GlideCape(_DrafterMethod):
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
-        from hf_specdec.cape import DEFAULT_EXPANSION, check_expansion
+        from hf_specdec.glide.cape import DEFAULT_EXPANSION, check_expansion
 
         bins = ctx.options.get("cape_bins")
         self.expansion = check_expansion(parse_bins(bins) if bins else DEFAULT_EXPANSION)
         self.cost = ctx.options.get("cape_cost", "1") not in ("0", "false", "False", "no")
 
     def generate(self, input_ids, max_new_tokens):
-        from hf_specdec.cape import glide_cape
+        from hf_specdec.glide.cape import glide_cape
 
         return greedy_with_stats(
             self.model,

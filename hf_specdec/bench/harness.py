@@ -1,7 +1,7 @@
 """``hf-specdec bench``: methods interleaved per prompt in one process, so machine drift hits all alike.
 
 For every (method, task) it records walltime speedup over ``ar``, tokens/s, tau, alpha, draft and
-verify time shares and losslessness against ``ar``'s output (see ``lossless.py``), and writes
+verify time shares and losslessness against ``ar``'s output (see ``core/lossless.py``), and writes
 ``results.json`` (top-level ``runs``), ``report.md`` and ``speedup.png``.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
+from ..core.stats import DecodeStats, ForwardMeter
 from ..errors import SpecDecError
-from ..lossless import DEFAULT_TIE_TOL, compare_outputs
-from ..stats import DecodeStats, ForwardMeter
 from ..target import load_target, resolve_dtype
 from ..tasks import load_task
 from .methods import BenchContext, get_method

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.stats import DecodeStats
 from ..errors import SpecDecError
-from ..stats import DecodeStats
 
 # Modules that register more methods on import (one line each; a missing optional part is skipped).
 PLUGIN_MODULES: list[str] = [

@@ -29,7 +29,7 @@ class _PLDPlus(Method):
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
-        from ..pld_plus_generation import pld_plus
+        from ..pld_plus import pld_plus
 
         self.custom_generate = pld_plus
         self.kwargs = _pld_kwargs(ctx.options)

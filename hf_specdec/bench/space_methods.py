@@ -55,9 +55,9 @@ class Space(Method):
             )
             self.model, _ = load_target(str(path), ctx.dtype)
             self.model.to(ctx.model.device)
-        from .. import space
+        from ..space import space_generate
 
-        self.generate_fn = space
+        self.generate_fn = space_generate
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int):
         return greedy_with_stats(

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import ROOT, TokenTree
-from ..tree_decoding import TreeProposer, tree_generate
+from ..core.tree import ROOT, TokenTree
+from ..core.tree_decoding import TreeProposer, tree_generate
 from .methods import Method, greedy_with_stats, register
 
 

@@ -25,13 +25,13 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .chain_drafting import draft_token, init_chain_drafting
+from ..core.chain_drafting import draft_token, init_chain_drafting
 
 
 class GlideDraftCache:
     """The drafter's own self-attention KV cache across rounds, and the tokens it holds (``fed``).
 
-    Shared by the chain generator below and the CAPE proposer (``hf_specdec.cape``). Each round starts with
+    Shared by the chain generator below and the CAPE proposer (``hf_specdec.glide.cape``). Each round starts with
     :meth:`sync` (keep the longest prefix of the committed tokens already fed; drafts that were rejected are
     cropped away), then :meth:`step` feeds the tokens after that prefix and returns the next-token draft logits.
     The cache holds exactly the tokens ``fed`` at positions ``0 .. len(fed) - 1``.
@@ -107,7 +107,7 @@ class GlideCandidateGenerator(CandidateGenerator):
             drafted.append(token)
             sequence = torch.cat([sequence, token], dim=1)
             step_ids = token
-            if self.eos is not None and int(token) in self.eos:
+            if int(token) in self.eos:
                 break
         self.draft_time += time.perf_counter() - t0
         candidate_logits = torch.stack(scores, dim=1) if self.do_sample else None

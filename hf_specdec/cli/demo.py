@@ -35,9 +35,9 @@ def _columns(left: str, right: str, width: int = 58) -> str:
 
 
 def run(args) -> int:
-    from .bench.methods import BenchContext, available_methods, get_method
-    from .target import load_target
-    from .tasks import load_task
+    from ..bench.methods import BenchContext, available_methods, get_method
+    from ..target import load_target
+    from ..tasks import load_task
 
     methods = available_methods()
     name = args.method or next(m for m in PREFERENCE if m in methods)

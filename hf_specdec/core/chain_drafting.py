@@ -1,6 +1,8 @@
 """Set-up shared by the chain candidate generators of the trained drafters (GLIDE, EDD) in transformers'
 assisted-decoding loop: the proposal length gamma and what each draft step needs from the target's
-``generation_config``."""
+``generation_config``. :data:`DEFAULT_GAMMA` is gamma's one default for every method (GLIDE §5.1 and CAPE:
+gamma = 5; EDD Table 1: a draft sequence of length 5): the drafters' ``generation_config.num_assistant_tokens``
+(``modeling/``) and CAPE's proposal length fall back to it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
 
-DEFAULT_GAMMA = 5  # proposal length when the drafter's generation_config sets none
+from .generate_io import eos_token_ids
+
+DEFAULT_GAMMA = 5  # gamma, the proposal length, when nothing else sets it
 
 
 def init_chain_drafting(
@@ -19,7 +23,7 @@ def init_chain_drafting(
     logits_processor: LogitsProcessorList | None,
 ) -> None:
     """Set ``generator``'s ``num_draft_tokens`` (gamma = the drafter's ``num_assistant_tokens``), ``do_sample``,
-    ``max_length``, ``eos`` (list of eos ids, or None) and ``logits_processor`` (the target's processors
+    ``max_length``, ``eos`` (list of eos ids, empty when there are none) and ``logits_processor`` (the target's processors
     without ``MinLengthLogitsProcessor``: a draft that ends early is only a shorter proposal, and the target's
     own processors still enforce the minimum length on what it accepts)."""
     generator.num_draft_tokens = int(
@@ -27,8 +31,7 @@ def init_chain_drafting(
     )
     generator.do_sample = bool(generation_config.do_sample)
     generator.max_length = generation_config.max_length
-    eos = getattr(generation_config, "_eos_token_tensor", None)
-    generator.eos = None if eos is None else eos.flatten().tolist()
+    generator.eos = eos_token_ids(generation_config)
     generator.logits_processor = LogitsProcessorList(
         p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
     )

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from .errors import SpecDecError
+from ..errors import SpecDecError
+from .attention_capture import capture_selected_attention
 
 FORMAT = "hf_specdec.induction_heads/1"
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parent.parent / "resources"
 DEFAULT_HEADS_FILE = RESOURCES / "SmolLM2-135M-Instruct.heads.json"
 
 _READ_CACHE: dict[tuple, list[tuple[int, int]]] = {}
@@ -68,8 +69,6 @@ def find_induction_heads(
 ) -> tuple[torch.Tensor, int]:
     """Hit counts ``(num_layers, num_heads)`` of §4.2.1 over greedy generations for ``prompts`` (1-D id tensors)
     and the number of copy events counted."""
-    from .pld_plus_generation import capture_selected_attention
-
     cfg = model.config.get_text_config()
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
     hits = torch.zeros(n_layers, n_heads, dtype=torch.long)
@@ -126,7 +125,7 @@ def rank_heads(hits: torch.Tensor, events: int) -> list[dict]:
 # ------------------------------------------------------------------------------------------------ heads file
 def write_heads_file(path: str | os.PathLike, model, heads: list[dict], **meta) -> Path:
     """Write a heads file for ``model`` (``heads`` as :func:`rank_heads` returns them)."""
-    from .target import target_fingerprint
+    from ..target import target_fingerprint
 
     cfg = model.config.get_text_config()
     doc = {
@@ -192,7 +191,7 @@ def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None)
     doc = load_heads_doc(path)
     pairs = [(int(e["layer"]), int(e["head"])) for e in doc["heads"]]
     if model is not None:
-        from .target import check_fingerprint
+        from ..target import check_fingerprint
 
         check_fingerprint(doc.get("target", {}), model, what=f"heads file {path}")
         cfg = model.config.get_text_config()
@@ -210,7 +209,7 @@ def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None)
 
 def default_heads_file(model) -> Path:
     """The shipped heads file when ``model`` is the default target; otherwise an error that says what to run."""
-    from .target import target_fingerprint
+    from ..target import target_fingerprint
 
     if DEFAULT_HEADS_FILE.is_file():
         shipped = load_heads_doc(DEFAULT_HEADS_FILE).get("target", {})
@@ -250,8 +249,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .target import load_target
-    from .tasks import load_task
+    from ..target import load_target
+    from ..tasks import load_task
 
     if args.limit < 1 or args.max_new_tokens < 1:
         raise SpecDecError("--limit and --max-new-tokens must be at least 1")

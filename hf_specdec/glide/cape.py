@@ -11,7 +11,7 @@ Usage (one keyword, like the other methods)::
 Options of :func:`glide_cape`: ``cape_gamma`` (gamma, proposal length; default the drafter's
 ``generation_config.num_assistant_tokens``, 5 as in the paper), ``cape_expansion`` (the confidence bins of S(p),
 see :data:`DEFAULT_EXPANSION`), ``stats`` (a ``DecodeStats``, filled per step, nodes per step in ``stats.steps``)
-and ``tree_streamer``. Greedy or sampling follows ``do_sample`` as in any ``generate`` call.
+and ``specdec_streamer``. Greedy or sampling follows ``do_sample`` as in any ``generate`` call.
 
 **Proposal expansion.** Each step the GLIDE drafter runs autoregressively for gamma tokens, cross-attending to the
 target's KV cache as verified so far (``StepFeedback.past_key_values`` of the tree core). At draft position
@@ -51,14 +51,14 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from .errors import SpecDecError
-from .glide_generation import GlideDraftCache
-from .stats import DecodeStats
-from .tree import ROOT, TokenTree
-from .tree_decoding import StepFeedback, TreeProposer, tree_generate
-from .verify_cost import CostCurve, measured_cost
-
-DEFAULT_GAMMA = 5  # gamma, proposal length (§5.1)
+from ..core.chain_drafting import DEFAULT_GAMMA
+from ..core.generate_io import eos_token_ids
+from ..core.stats import DecodeStats
+from ..core.tree import ROOT, TokenTree
+from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
+from ..core.verify_cost import CostCurve, measured_cost
+from ..errors import SpecDecError
+from .candidate_generator import GlideDraftCache
 
 # S(p) of §4.2 as (upper bound of the confidence bin, K): K = 7 for p <= 0.3, 5 for p <= 0.6, 3 for p <= 0.8,
 # 1 above. Bins are left-open, right-closed; the last upper bound must be >= 1.
@@ -138,7 +138,7 @@ def cape_tree(
 
 
 class CapeProposer(TreeProposer):
-    """GLIDE + CAPE as a :class:`~hf_specdec.tree_decoding.TreeProposer` (see the module docstring).
+    """GLIDE + CAPE as a :class:`~hf_specdec.core.tree_decoding.TreeProposer` (see the module docstring).
 
     ``gamma`` (default: the drafter's ``num_assistant_tokens``, else 5) drafter forwards per step build the chain
     and every expansion set. ``expansion`` is the S(p) table. ``logits_processor``: the processors of the
@@ -177,10 +177,7 @@ class CapeProposer(TreeProposer):
             self.drafter.attach_target(model)
         self.state = GlideDraftCache(self.drafter)
         self.target_cache = None
-        eos = getattr(generation_config, "_eos_token_tensor", None)
-        if eos is None:
-            eos = generation_config.eos_token_id
-        self.eos = set() if eos is None else set(torch.as_tensor(eos).flatten().tolist())
+        self.eos = set(eos_token_ids(generation_config))
 
     def observe(self, feedback: StepFeedback) -> None:
         self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
@@ -242,12 +239,14 @@ def glide_cape(
     cape_expansion: Sequence[tuple[float, int]] | None = None,
     cape_cost: bool | CostCurve = True,
     stats: DecodeStats | None = None,
+    specdec_streamer=None,
     tree_streamer=None,
     **model_kwargs,
 ):
     """``custom_generate`` for GLIDE + CAPE: ``target.generate(**inputs, custom_generate=hf_specdec.glide_cape,
     drafter=glide)``. Batch size 1; every ``generate`` argument works as with ``tree_generate`` (pass a streamer as
-    ``tree_streamer=``: transformers 5.23 does not forward ``streamer=`` to a ``custom_generate`` callable).
+    ``specdec_streamer=``: transformers 5.23 does not forward ``streamer=`` to a ``custom_generate`` callable;
+    ``tree_streamer=`` is its deprecated name).
 
     Args:
         drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed).
@@ -280,6 +279,7 @@ def glide_cape(
         streamer,
         proposer=proposer,
         stats=stats,
+        specdec_streamer=specdec_streamer,
         tree_streamer=tree_streamer,
         **model_kwargs,
     )

@@ -48,7 +48,11 @@ class TreeAcceptance:
     scores: list[torch.Tensor] = field(default_factory=list)
 
 
-def _processed(logits_processor: LogitsProcessorList | None, ids: torch.Tensor, logits: torch.Tensor):
+def processed_scores(
+    logits_processor: LogitsProcessorList | None, ids: torch.Tensor, logits: torch.Tensor
+) -> torch.Tensor:
+    """The target's scores ``(1, vocab)`` for the token after ``ids``: float32 ``logits`` through the processors
+    of the ``generate`` call (the module docstring's ``p`` before the softmax)."""
     scores = logits.to(dtype=torch.float32)[None]
     return logits_processor(ids, scores) if logits_processor else scores
 
@@ -80,7 +84,7 @@ def accept_tree(
     out = TreeAcceptance()
     ids, node = input_ids, ROOT
     while True:
-        scores = _processed(logits_processor, ids, logits[node + 1])
+        scores = processed_scores(logits_processor, ids, logits[node + 1])
         out.scores.append(scores)
         kids = children.get(node, [])
         if not do_sample:

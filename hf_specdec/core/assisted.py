@@ -26,7 +26,7 @@ from __future__ import annotations
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
 
-from .errors import SpecDecError
+from ..errors import SpecDecError
 
 _ORIGINAL = GenerationMixin._get_candidate_generator
 

@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .cli import parse_floats, parse_ints
-from .pld_plus_generation import DEFAULT_PRIORS, DraftLength, occurrences, rank_by_attention, rank_by_hidden
-from .verify_cost import CostCurve, forward_times, interpolate
+from ..cli import parse_floats, parse_ints
+from ..core.generate_io import eos_token_ids
+from ..core.verify_cost import CostCurve, forward_times, interpolate
+from .defaults import DEFAULT_PRIORS
+from .draft_length import DraftLength
+from .ranking import occurrences, rank_by_attention, rank_by_hidden
 
 Ranker = Callable[[torch.Tensor], "int | None"]
 
@@ -160,15 +163,14 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from ..target import greedy_output, load_target
+    from ..tasks import load_task
+    from .attention_capture import capture_selected_attention
     from .induction_heads import default_heads_file, read_heads_file
-    from .pld_plus_generation import capture_selected_attention
-    from .target import greedy_output, load_target
-    from .tasks import load_task
 
     model, tokenizer = load_target(args.model, args.dtype)
     ds = load_task(args.task, tokenizer, args.limit)
-    eos_ids = model.generation_config.eos_token_id
-    eos = {int(eos_ids)} if isinstance(eos_ids, int) else {int(e) for e in eos_ids or []}
+    eos = set(eos_token_ids(model.generation_config))
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers + 1)) if args.layers == "all" else parse_ints(args.layers)
     ks, tops = parse_ints(args.ks), parse_ints(args.top_heads)

@@ -1,7 +1,7 @@
 """``hf-specdec tree-replay``: tau and tree size of EDD's candidate trees (PCT, VCT, EAGLE-2, chain) by greedy replay.
 
 Greedy tree verification accepts the longest tree path that equals the target's own greedy continuation
-(``hf_specdec/acceptance.py``), so a greedy tree-decoding run is fixed by the plain greedy output. This command
+(``hf_specdec/core/acceptance.py``), so a greedy tree-decoding run is fixed by the plain greedy output. This command
 generates that output once per prompt, takes the target's hidden states of prompt + output from one forward (EDD's
 soft prompt), and replays each tree builder step by step: the drafter runs exactly as in ``tree_generate``, the
 target does not. tau (tokens per target forward) and nodes per step therefore match ``hf-specdec bench`` up to
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecDecError
+from ..core.tree import ROOT
+from ..errors import SpecDecError
+from .draft_state import EddDraftState
 from .pct import GrownTree
-from .tree import ROOT
 
 
 @dataclass
@@ -66,8 +67,6 @@ def replay_tree(
 ) -> TreeReplay:
     """Replay greedy ``tree_generate`` with ``proposer`` (an ``EddTreeProposer``) on the greedy output ``sequence``
     (1-D, prompt of ``start`` tokens first); ``hidden`` (1, len, D) are the target's encoder-layer states of it."""
-    from .edd_generation import EddDraftState
-
     total = sequence.shape[0]
     if not start < total <= max_length:
         raise SpecDecError(
@@ -94,7 +93,7 @@ def replay_tree(
 
 
 def _builders(args) -> list[tuple[str, dict]]:
-    from .cli import parse_floats, parse_ints
+    from ..cli import parse_floats, parse_ints
 
     rows = []
     for name in args.builders.split(","):
@@ -143,11 +142,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .bench.edd_methods import find_edd_checkpoint
-    from .edd_generation import EddTreeProposer
-    from .modeling import EddForCausalLM
-    from .target import greedy_output, load_target
-    from .tasks import load_task
+    from ..bench.edd_methods import find_edd_checkpoint
+    from ..modeling import EddForCausalLM
+    from ..target import greedy_output, load_target
+    from ..tasks import load_task
+    from .tree_proposer import EddTreeProposer
 
     builders = _builders(args)  # bad lists and unknown builders fail before anything loads
     for name, kw in builders:

@@ -10,7 +10,7 @@ Vocabulary (edd-pct.txt §3.2):
   estimate is ``p_j`` gains ``p_j * s_t - s_d`` in expectation (eq. 5), so only nodes with ``p_j >= s_d/s_t`` are
   worth expanding. The ratio is *measured on the running machine* (``StepTimer``), not a constant.
 
-Algorithms (each returns a :class:`GrownTree`, whose ``token_tree()`` is the ``hf_specdec.tree.TokenTree``
+Algorithms (each returns a :class:`GrownTree`, whose ``token_tree()`` is the ``hf_specdec.core.tree.TokenTree``
 verified by the tree core):
 
 - :func:`grow_pct` -- **PCT** (§3.2, Fig. 4): every layer, the drafter proposes the top-``width`` children of
@@ -34,8 +34,8 @@ from typing import Protocol
 
 import torch
 
-from .errors import SpecDecError
-from .tree import ROOT, TokenTree
+from ..core.tree import ROOT, TokenTree
+from ..errors import SpecDecError
 
 DEFAULT_PCT_WIDTH = 5  # App. B: expansion width of each node
 DEFAULT_PCT_MAX_DEPTH = 10  # App. B: maximum depth

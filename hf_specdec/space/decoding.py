@@ -16,9 +16,11 @@ A model fine-tuned with SAR-SFT (``hf-specdec train space``) predicts, at a grou
   Greedy: ``c_i`` is accepted iff it is the argmax of ``Q``. Sampling: accepted with probability
   ``min(1, Q(c_i) / P_c(c_i))`` where ``P_c`` is the mask distribution ``c_i`` was drawn from (eq. 6); on
   rejection one token is drawn from ``normalize(max(Q - P_c, 0))`` (Leviathan et al.; Alg. 1 line 18 draws
-  from ``Q``, which would not keep the target distribution), else a bonus token from the last ``Q``;
+  from ``Q``, which would not keep the target distribution), else a bonus token from the last ``Q``. That is the
+  tree core's acceptance (``core/acceptance.py``) on the chain ``c_1 -> ... -> c_k`` with ``q = P_c``, so SPACE
+  verifies through it: one verifier for every method;
 - the next candidates come from the mask group after the last accepted token (group ``i*``);
-- the KV cache keeps only the real accepted tokens (``kv_cache.compact_cache``): real tokens never attend
+- the KV cache keeps only the real accepted tokens (``core.kv_cache.compact_cache``): real tokens never attend
   to masks and have contiguous positions, so their entries equal those of plain decoding.
 
 Paper names: ``k`` = number of masks (= candidates per step), ``tau`` = tokens per forward ("average
@@ -34,16 +36,25 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation import EosTokenCriteria, MaxLengthCriteria
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .errors import SpecDecError
-from .kv_cache import check_cache_supported, compact_cache
-from .stats import DecodeStats
-from .tree import additive_mask
-
-_EPS = 1e-12
+from ..core.acceptance import accept_tree, processed_scores
+from ..core.generate_io import (
+    NO_MAX_LENGTH,
+    GenerateOutputs,
+    append_tokens,
+    check_inputs,
+    finish,
+    logits_to_keep,
+    prepare_cache,
+    resolve_streamer,
+    stopping_criteria_or_default,
+)
+from ..core.kv_cache import compact_cache
+from ..core.stats import DecodeStats
+from ..core.tree import TokenTree, additive_mask
+from ..errors import SpecDecError
 
 
 # ------------------------------------------------------------------------------------------ eq. 4, 5
@@ -76,28 +87,6 @@ def positions(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ Alg. 1
-def _scores(logits_processor: LogitsProcessorList, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    scores = logits.to(torch.float32)[None]
-    return logits_processor(ids, scores) if len(logits_processor) else scores
-
-
-def _probs(scores: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(scores[0], dim=-1)
-
-
-def _sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=generator))
-
-
-def _append(input_ids: torch.Tensor, tokens: list[int], stopping_criteria) -> tuple[torch.Tensor, bool]:
-    """Append tokens one at a time, stopping at the first that ends generation (EOS, max length...)."""
-    for t in tokens:
-        input_ids = torch.cat([input_ids, input_ids.new_tensor([[t]])], dim=-1)
-        if bool(stopping_criteria(input_ids, None).any()):
-            return input_ids, True
-    return input_ids, False
-
-
 def _space_config(model, num_masks: int | None, mask_token_id: int | None) -> tuple[int, int]:
     k_trained = getattr(model.config, "space_k", None)
     mask_id = (
@@ -126,6 +115,7 @@ def space_generate(
     mask_token_id: int | None = None,
     stats: DecodeStats | None = None,
     space_generator: torch.Generator | None = None,
+    specdec_streamer=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """``custom_generate`` loop of SPACE auto-correct decoding (Alg. 1), batch size 1.
@@ -134,49 +124,29 @@ def space_generate(
     ``config.space_mask_token_id``. ``stats`` (a ``DecodeStats``) is filled with forwards / drafted /
     accepted counts. Greedy or sampling follows ``generation_config.do_sample``; processors (temperature,
     top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
+    ``specdec_streamer``: a streamer fed the prompt, then every emitted token (``core/generate_io.py``).
     """
     t_start = time.perf_counter()
-    if input_ids.shape[0] != 1:
-        raise SpecDecError(f"SPACE decoding supports batch size 1 (got {input_ids.shape[0]})")
-    am = model_kwargs.get("attention_mask")
-    if am is not None and am.dim() == 2 and not bool(am.all()):
-        raise SpecDecError("SPACE decoding does not support padded inputs (attention_mask has zeros)")
-    if synced_gpus:
-        raise SpecDecError("SPACE decoding does not support synced_gpus")
+    check_inputs(model, input_ids, model_kwargs, synced_gpus, "SPACE decoding")
     k, mask_id = _space_config(model, num_masks, mask_token_id)
     cfg = generation_config or model.generation_config
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
-    if not stopping_criteria:  # called directly, not through generate(): stop at max_length / EOS
-        stopping_criteria = StoppingCriteriaList()
-        if cfg.max_length is not None:
-            stopping_criteria.append(MaxLengthCriteria(cfg.max_length))
-        if cfg.eos_token_id is not None:
-            stopping_criteria.append(EosTokenCriteria(cfg.eos_token_id))
+    stopping_criteria = stopping_criteria_or_default(stopping_criteria, cfg)
+    streamer = resolve_streamer(input_ids, streamer, specdec_streamer)
     stats = stats if stats is not None else DecodeStats()
     do_sample = bool(cfg.do_sample)
-    ret = bool(cfg.return_dict_in_generate)
-    want_scores = ret and bool(cfg.output_scores)
-    scores_out: list[torch.Tensor] = []
-    max_length = cfg.max_length if cfg.max_length is not None else 10**9
+    outputs = GenerateOutputs(cfg, kinds=("scores",))
+    max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
     device = input_ids.device
     gen = space_generator
-
-    cache = model_kwargs.get("past_key_values")
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    check_cache_supported(cache)
-    past = cache.get_seq_length()
-    if past >= input_ids.shape[1]:
-        raise SpecDecError("the passed cache already covers the whole prompt; pass at least one new token")
-    extra = {"logits_to_keep": 0} if model._supports_logits_to_keep() else {}
+    cache, past = prepare_cache(model, input_ids, model_kwargs)
 
     cands: list[int] = []  # L_c
     cand_probs: list[torch.Tensor] = []  # P_c as full distributions (sampling only)
     finished = False
     while not finished:
-        pending = input_ids[
-            0, past:
-        ].tolist()  # real tokens not in the cache: the prompt, then the bonus token
+        # real tokens not in the cache: the prompt, then the bonus token
+        pending = input_ids[0, past:].tolist()
         room = max_length - input_ids.shape[1]  # tokens still allowed; the bonus token takes one
         c = max(0, min(len(cands), room - 1))
         ids = build_input(pending, cands[:c], k, mask_id)
@@ -185,8 +155,7 @@ def space_generate(
         )
         local = attention_mask(is_mask).to(device)
         full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
-        if extra:
-            extra["logits_to_keep"] = len(ids) - len(pending) + 1  # rows from x_l on
+        rows = len(ids) - len(pending) + 1  # rows from x_l on
         t0 = time.perf_counter()
         out = model(
             input_ids=torch.tensor([ids], device=device),
@@ -195,70 +164,36 @@ def space_generate(
             past_key_values=cache,
             use_cache=True,
             return_dict=True,
-            **extra,
+            **logits_to_keep(model, rows),
         )
         verify_s = time.perf_counter() - t0
-        logits = out.logits[0, -(len(ids) - len(pending) + 1) :]  # row 0 = x_l
+        logits = out.logits[0, -rows:]  # row 0 = x_l
         del out
 
-        # Verify c_1..c_c (rows (i-1)(k+1) score c_i), then one token of the model's own.
-        tokens: list[int] = []
-        emitted_scores: list[torch.Tensor] = []
-        seq = input_ids
-        row = 0
-        token = None
-        for i in range(c):
-            s = _scores(logits_processor, seq, logits[row])
-            if do_sample:
-                q = _probs(s)
-                p = cand_probs[i]
-                ratio = float(q[cands[i]] / p[cands[i]].clamp_min(_EPS))
-                if float(torch.rand((), generator=gen)) <= ratio:
-                    accepted = True
-                else:
-                    res = (q - p).clamp_min(0.0)
-                    total = float(res.sum())
-                    token = _sample(res / total if total > _EPS else q, gen)
-                    accepted = False
-            else:
-                accepted = int(s[0].argmax()) == cands[i]
-                if not accepted:
-                    token = int(s[0].argmax())
-            emitted_scores.append(s)
-            if not accepted:
-                break
-            tokens.append(cands[i])
-            seq = torch.cat([seq, seq.new_tensor([[cands[i]]])], dim=-1)
-            row += k + 1
-        n_acc = len(tokens)
-        if token is None:  # all candidates accepted (or none): bonus token from Q at the last real token
-            s = _scores(logits_processor, seq, logits[row])
-            token = _sample(_probs(s), gen) if do_sample else int(s[0].argmax())
-            emitted_scores.append(s)
-        tokens.append(token)
+        # Verify c_1..c_c (row (i-1)(k+1) scores c_i), then one token of the model's own: the chain c_1 -> c_2 ...
+        # through the tree core's acceptance, with q = P_c when sampling.
+        chain = TokenTree.from_chain(cands[:c], torch.stack(cand_probs[:c]) if do_sample and c else None)
+        acc = accept_tree(chain, logits[:: k + 1][: c + 1], input_ids, logits_processor, do_sample, gen)
+        tokens, n_acc = acc.tokens, len(acc.nodes)
+        row = n_acc * (k + 1)  # the row of the last accepted real token
 
         # New candidates from the mask group after the last accepted token (group n_acc), drawn after the bonus.
-        seq = torch.cat([seq, seq.new_tensor([[token]])], dim=-1)
+        seq = torch.cat([input_ids, input_ids.new_tensor([tokens])], dim=-1)
         group = logits[row + 1 : row + 1 + k]
-        gs = (
-            torch.cat([_scores(logits_processor, seq, g) for g in group])
-            if len(logits_processor)
-            else group.float()
-        )
+        gs = torch.cat([processed_scores(logits_processor, seq, g) for g in group])
         if do_sample:
             cand_probs = list(torch.softmax(gs, dim=-1))
-            cands = [_sample(p, gen) for p in cand_probs]
+            cands = [int(torch.multinomial(p, 1, generator=gen)) for p in cand_probs]
         else:
             cands, cand_probs = gs.argmax(-1).tolist(), []
 
-        input_ids, finished = _append(input_ids, tokens, stopping_criteria)
+        input_ids, finished = append_tokens(input_ids, tokens, stopping_criteria)
         m = input_ids.shape[1] - past - len(pending)  # tokens emitted this step (a stop may cut them)
         kept = min(n_acc, m)
         keep = list(range(len(pending))) + [len(pending) - 1 + j * (k + 1) for j in range(1, kept + 1)]
         compact_cache(cache, past, keep)
         past += len(keep)
-        if want_scores:
-            scores_out += emitted_scores[:m]
+        outputs.add(acc.scores[:m])
         if streamer is not None:
             streamer.put(input_ids[0, -m:].cpu())
         stats.target_forwards += 1
@@ -267,15 +202,6 @@ def space_generate(
         stats.verify_time += verify_s
         stats.steps.append(dict(drafted=c, accepted=n_acc, new_tokens=m, fed=len(ids), verify_s=verify_s))
 
-    if streamer is not None:
-        streamer.end()
-    stats.new_tokens = sum(s["new_tokens"] for s in stats.steps)
-    stats.total_time += time.perf_counter() - t_start
+    finish(stats, streamer, t_start)
     stats.draft_time = max(stats.total_time - stats.verify_time, 0.0)
-    if not ret:
-        return input_ids
-    return GenerateDecoderOnlyOutput(
-        sequences=input_ids,
-        scores=tuple(scores_out) if want_scores else None,
-        past_key_values=cache,
-    )
+    return outputs.result(input_ids, cache)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
-from .errors import SpecDecError
+from ..errors import SpecDecError
 
 
 def _layers(cache: Cache) -> list:

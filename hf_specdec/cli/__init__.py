@@ -9,15 +9,15 @@ import os
 import shlex
 import sys
 
-from .errors import SpecDecError
+from ..errors import SpecDecError
 
 COMMANDS = [
     "hf_specdec.bench.cli",
-    "hf_specdec.demo",
-    "hf_specdec.train_cli",
-    "hf_specdec.induction_heads",
-    "hf_specdec.pld_tune",
-    "hf_specdec.tree_replay",
+    "hf_specdec.cli.demo",
+    "hf_specdec.cli.train",
+    "hf_specdec.pld_plus.induction_heads",
+    "hf_specdec.pld_plus.tune",
+    "hf_specdec.edd.tree_replay",
     "hf_specdec.trainers.calibration",
     "hf_specdec.trainers.corpus",
     "hf_specdec.trainers.features",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecDecError
+from ..errors import SpecDecError
 
 ROOT = -1  # parent index meaning "child of the root (the last committed token)"
 

@@ -1,0 +1,13 @@
+"""The verification core every method shares.
+
+- ``tree.py``: :class:`TokenTree`, tree positions and the 4D tree mask (SpecInfer's tree attention);
+- ``acceptance.py``: which drafted tokens are accepted (greedy match, lossless tree speculative sampling);
+- ``kv_cache.py``: compacting the target's KV cache to the accepted path;
+- ``generate_io.py``: what a ``custom_generate`` loop takes from ``generate`` and hands back (input checks, cache
+  set-up, stopping, streamer, EOS ids, appending tokens, output assembly);
+- ``tree_decoding.py``: the tree decoding loop (``tree_generate``) with a pluggable :class:`TreeProposer`;
+- ``chain_drafting.py``: what chain drafters (GLIDE, EDD) share in transformers' assisted loop, gamma's default;
+- ``assisted.py``: the one hook into transformers' assisted loop;
+- ``verify_cost.py``: the measured cost of a verification forward; ``stats.py``: tau, alpha and timings;
+- ``lossless.py``: comparing an output with plain greedy decoding.
+"""

@@ -1,0 +1,163 @@
+"""What a ``custom_generate`` loop takes from ``generate`` and hands back, written once for every method.
+
+The tree core's ``tree_generate`` (GLIDE + CAPE, EDD + PCT, any ``TreeProposer``) and SPACE's ``space_generate``
+share the input checks, the cache set-up, the default stopping criteria, appending tokens under the stopping
+criteria and the output assembly; they and PLD+ (which runs transformers' own assisted loop) share the EOS ids
+and the streamer keyword.
+
+**Streamer.** transformers 5.23's ``generate`` does not hand its own ``streamer=`` to a ``custom_generate``
+callable (it only puts the prompt into it), so every hf_specdec method takes its streamer as
+``specdec_streamer=``: the prompt is put into it first, then every emitted token, then ``end()``, as ``generate``
+does with its own. The older per-method keywords (``tree_streamer=``, ``pld_streamer=``) still work and raise a
+``FutureWarning`` naming ``specdec_streamer``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, GenerationConfig, StoppingCriteriaList
+from transformers.cache_utils import Cache
+from transformers.generation import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..errors import SpecDecError
+from .kv_cache import check_cache_supported
+from .stats import DecodeStats
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D attention mask
+NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
+STREAMER_KEYWORD = "specdec_streamer"
+
+
+def check_inputs(model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus: bool, name: str) -> None:
+    """What a loop that verifies drafts with a custom 4D attention mask needs (``name`` says which loop):
+    batch size 1, a decoder-only model, ``sdpa`` or ``eager`` attention, no padding, no ``synced_gpus``."""
+    if input_ids.shape[0] != 1:
+        raise SpecDecError(
+            f"{name} supports batch size 1 only (got {input_ids.shape[0]}); loop over the prompts"
+        )
+    if model.config.is_encoder_decoder:
+        raise SpecDecError(f"{name} supports decoder-only models only")
+    impl = model.config._attn_implementation
+    if impl not in SUPPORTED_ATTENTION:
+        raise SpecDecError(
+            f"{name} needs a custom 4D attention mask, which attn_implementation={impl!r} cannot "
+            f"take; load the target with attn_implementation='sdpa' or 'eager'"
+        )
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and mask.dim() == 2 and not bool(mask.all()):
+        raise SpecDecError(f"{name} does not support padded inputs (attention_mask has zeros)")
+    if synced_gpus:
+        raise SpecDecError(f"{name} does not support synced_gpus")
+
+
+def stopping_criteria_or_default(
+    stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig
+) -> StoppingCriteriaList:
+    """``generate``'s criteria; when the loop is called directly (none given): stop at max_length / EOS."""
+    if stopping_criteria:
+        return stopping_criteria
+    criteria = StoppingCriteriaList()
+    if generation_config.max_length is not None:
+        criteria.append(MaxLengthCriteria(generation_config.max_length))
+    eos = eos_token_ids(generation_config)
+    if eos:
+        criteria.append(EosTokenCriteria(eos))
+    return criteria
+
+
+def eos_token_ids(generation_config: GenerationConfig) -> list[int]:
+    """The EOS ids of a generation: those ``generate`` resolved for this call (``_eos_token_tensor``, set by
+    ``generate`` on the config it passes), else the config's ``eos_token_id``; empty when there are none."""
+    eos = getattr(generation_config, "_eos_token_tensor", None)
+    if eos is None:
+        eos = generation_config.eos_token_id
+    return [] if eos is None else [int(t) for t in torch.as_tensor(eos).flatten().tolist()]
+
+
+def prepare_cache(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[Cache, int]:
+    """The cache ``generate`` prepared (else a new ``DynamicCache``) and how many prompt tokens it holds already."""
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    check_cache_supported(cache)
+    past = cache.get_seq_length()
+    if past >= input_ids.shape[1]:
+        raise SpecDecError("the passed cache already covers the whole prompt; pass at least one new token")
+    return cache, past
+
+
+def logits_to_keep(model, rows: int) -> dict:
+    """``{"logits_to_keep": rows}`` for a model that supports it (the lm head then runs on the last rows only)."""
+    return {"logits_to_keep": rows} if model._supports_logits_to_keep() else {}
+
+
+def resolve_streamer(input_ids: torch.Tensor, streamer, specdec_streamer, **deprecated):
+    """The streamer the loop feeds: ``specdec_streamer`` (the prompt is put into it here, as ``generate`` does with
+    its own), else ``streamer`` (a direct call's). ``deprecated``: the old per-method keywords (module docstring)."""
+    for keyword, value in deprecated.items():
+        if value is not None:
+            warnings.warn(
+                f"{keyword}= is deprecated; pass {STREAMER_KEYWORD}= (the streamer keyword of every hf_specdec "
+                "method)",
+                FutureWarning,
+                stacklevel=2,
+            )
+            specdec_streamer = value if specdec_streamer is None else specdec_streamer
+    if specdec_streamer is None:
+        return streamer
+    specdec_streamer.put(input_ids.cpu())
+    return specdec_streamer
+
+
+def append_tokens(
+    input_ids: torch.Tensor, tokens: Sequence[int], stopping_criteria: StoppingCriteriaList
+) -> tuple[torch.Tensor, bool]:
+    """Append ``tokens`` one at a time, stopping at the first one that ends generation (EOS, max length,
+    stop strings...), as a plain loop would; returns the new ids and whether generation is finished."""
+    for t in tokens:
+        input_ids = torch.cat([input_ids, input_ids.new_tensor([[t]])], dim=-1)
+        if bool(stopping_criteria(input_ids, None).any()):
+            return input_ids, True
+    return input_ids, False
+
+
+class GenerateOutputs:
+    """The per-token outputs ``generate(return_dict_in_generate=True, output_scores=..., ...)`` returns, one entry
+    per new token as ``_sample`` reports them. Kinds a loop does not produce (``kinds``) stay ``None``."""
+
+    KINDS = ("scores", "logits", "hidden_states", "attentions")
+
+    def __init__(self, generation_config: GenerationConfig, kinds: Sequence[str] = KINDS):
+        self.return_dict = bool(generation_config.return_dict_in_generate)
+        for kind in self.KINDS:
+            wanted = self.return_dict and kind in kinds and getattr(generation_config, f"output_{kind}")
+            setattr(self, kind, [] if wanted else None)
+
+    def add(self, scores: Sequence[torch.Tensor], logits: torch.Tensor | None = None) -> None:
+        """The processed ``scores`` of the emitted tokens and, per token, its row of the raw ``logits``."""
+        if self.scores is not None:
+            self.scores += scores
+        if self.logits is not None:
+            self.logits += [logits[j : j + 1] for j in range(len(scores))]
+
+    def result(self, input_ids: torch.Tensor, cache: Cache) -> GenerateDecoderOnlyOutput | torch.Tensor:
+        """What ``generate`` returns: the sequences, or with ``return_dict_in_generate`` the output object."""
+        if not self.return_dict:
+            return input_ids
+        kept = {
+            kind: None if getattr(self, kind) is None else tuple(getattr(self, kind)) for kind in self.KINDS
+        }
+        return GenerateDecoderOnlyOutput(sequences=input_ids, **kept, past_key_values=cache)
+
+
+def finish(stats: DecodeStats, streamer, t_start: float) -> None:
+    """End the stream and total the statistics of a generation that started at ``t_start``."""
+    if streamer is not None:
+        streamer.end()
+    stats.new_tokens = sum(s["new_tokens"] for s in stats.steps)
+    stats.total_time += time.perf_counter() - t_start

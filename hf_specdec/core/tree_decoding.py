@@ -1,0 +1,262 @@
+"""Tree speculative decoding as a ``generate(custom_generate=...)`` loop, with a pluggable tree proposer.
+
+Usage::
+
+    from hf_specdec.core.tree_decoding import tree_generate
+    out = target.generate(**inputs, custom_generate=tree_generate, proposer=my_proposer, stats=DecodeStats())
+
+Each step: the proposer drafts a :class:`~hf_specdec.core.tree.TokenTree` below the last committed token (the
+root); ONE target forward verifies ``[root, nodes...]`` with tree positions and a tree mask
+(``tree.py``); ``acceptance.py`` picks the accepted path plus one target token (greedy or lossless
+sampling); ``kv_cache.py`` compacts the cache to that path. tau (tokens per target forward) is
+``1 + accepted`` per step. The prefill is the same verification with the prompt fed and no tree below its last
+token. Batch size 1, decoder-only models, ``sdpa`` or ``eager`` attention. Pass a streamer as
+``specdec_streamer=`` (``generate`` does not forward its own ``streamer=`` to a ``custom_generate`` callable;
+``generate_io.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import Cache
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..errors import SpecDecError
+from .acceptance import accept_tree
+from .generate_io import (
+    NO_MAX_LENGTH,
+    GenerateOutputs,
+    append_tokens,
+    check_inputs,
+    finish,
+    logits_to_keep,
+    prepare_cache,
+    resolve_streamer,
+    stopping_criteria_or_default,
+)
+from .kv_cache import check_tree_support, compact_cache
+from .stats import DecodeStats
+from .tree import TokenTree, additive_mask
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepFeedback:
+    """What the target's forward taught us, handed to :meth:`TreeProposer.observe` after every forward.
+
+    ``input_ids`` is the committed sequence after the step; its last token is the next root and is NOT in
+    ``past_key_values`` (the target's compacted cache, length ``input_ids.shape[1] - 1``; read it, do not
+    modify it). ``hidden_states`` / ``attentions`` (only when the proposer asked for them) cover the tokens
+    this forward added to the cache, in sequence order: the whole prompt for the prefill, the root and the
+    accepted nodes for a tree step; hidden states are a per-layer tuple of ``(1, m, hidden)``, attentions a
+    per-layer tuple of ``(1, heads, m, cache_length)`` over the compacted cache.
+    """
+
+    input_ids: torch.Tensor
+    new_tokens: list[int]
+    num_accepted: int
+    accepted_nodes: list[int]
+    tree: TokenTree | None
+    past_key_values: Cache
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    is_prefill: bool = False
+
+
+class TreeProposer:
+    """Drafts a token tree each step. Subclass and implement :meth:`propose`.
+
+    Hooks for the methods built on top: a drafter reading the target's KV cache (GLIDE/CAPE) finds it in
+    ``StepFeedback.past_key_values``; one conditioned on the target's hidden states (EDD/PCT) sets
+    ``needs_hidden_states = True``; one using attention maps (PLD+) sets ``needs_attentions = True`` (needs
+    ``attn_implementation="eager"``). Sampling proposers fill ``TokenTree.draft_probs``.
+    """
+
+    needs_hidden_states: bool = False
+    needs_attentions: bool = False
+
+    def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
+        """Called once before the prefill (reset per-generation state here)."""
+
+    def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
+        """A tree below the root ``input_ids[0, -1]``; nodes deeper than ``max_depth`` are dropped."""
+        raise NotImplementedError
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Called after every target forward (prefill included) with what was accepted."""
+
+
+def _gather_attentions(attentions, prefix_length: int, keep: torch.Tensor):
+    """Rows ``keep`` and columns ``prefix + keep`` of each layer's attention map (the compacted view)."""
+    cols = torch.cat([torch.arange(prefix_length), prefix_length + keep])
+    return tuple(a[:, :, keep.to(a.device)][..., cols.to(a.device)] for a in attentions)
+
+
+@torch.no_grad()
+def tree_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    synced_gpus: bool = False,
+    streamer=None,
+    proposer: TreeProposer | None = None,
+    stats: DecodeStats | None = None,
+    specdec_streamer=None,
+    tree_streamer=None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """``custom_generate`` loop: propose a tree, verify it in one forward, accept, compact, repeat.
+
+    Returns what ``generate`` returns (``sequences`` tensor, or a ``GenerateDecoderOnlyOutput`` with
+    ``return_dict_in_generate=True``: scores / logits / hidden_states / attentions one entry per new token,
+    as ``_sample`` does). ``stats``, if given, is filled with per-step numbers (``DecodeStats.steps``).
+    ``tree_streamer`` is the deprecated name of ``specdec_streamer``.
+    """
+    t_start = time.perf_counter()
+    if proposer is None:
+        raise SpecDecError(
+            "tree_generate needs a proposer: generate(..., custom_generate=tree_generate, proposer=...)"
+        )
+    check_inputs(model, input_ids, model_kwargs, synced_gpus, "tree decoding")
+    if model_kwargs.get("use_cache") is False:
+        raise SpecDecError("tree decoding needs the KV cache; do not pass use_cache=False")
+    cfg = generation_config or model.generation_config
+    logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+    stopping_criteria = stopping_criteria_or_default(stopping_criteria, cfg)
+    streamer = resolve_streamer(input_ids, streamer, specdec_streamer, tree_streamer=tree_streamer)
+    stats = stats if stats is not None else DecodeStats()
+    do_sample = bool(cfg.do_sample)
+    outputs = GenerateOutputs(cfg)
+    need_hidden = outputs.hidden_states is not None or proposer.needs_hidden_states
+    need_attn = outputs.attentions is not None or proposer.needs_attentions
+    cache, past = prepare_cache(model, input_ids, model_kwargs)
+    max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
+
+    t0 = time.perf_counter()
+    proposer.start(model, input_ids, cfg)
+    stats.draft_time += time.perf_counter() - t0
+
+    # The prefill is the first verification: the prompt tokens not in the cache yet, no tree below the last one.
+    prefix, tree, draft_s, warned, is_prefill = past, TokenTree.empty(input_ids.device), 0.0, False, True
+    fed = input_ids[:, past:]
+    positions = torch.arange(past, input_ids.shape[1], device=input_ids.device)[None]
+    mask = None
+    while True:
+        n = len(tree)
+        t0 = time.perf_counter()
+        out = model(
+            input_ids=fed,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=need_hidden,
+            output_attentions=need_attn,
+            return_dict=True,
+            **logits_to_keep(model, 1 + n),
+        )
+        verify_s = time.perf_counter() - t0
+        logits = out.logits[0, -(1 + n) :].to(torch.float32)  # row 0: the root (the prompt's last token)
+        if n and int(tree.tokens.max()) >= logits.shape[-1]:
+            raise SpecDecError(
+                f"the proposer drafted a token id >= the target's vocabulary ({logits.shape[-1]})"
+            )
+        acc = accept_tree(tree, logits, input_ids, logits_processor, do_sample)
+        before = input_ids.shape[1]
+        input_ids, finished = append_tokens(input_ids, acc.tokens, stopping_criteria)
+        m = input_ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
+        # fed rows that stay in the sequence: the ones before the root (prefill), the root, the accepted nodes
+        root = fed.shape[1] - 1 - n
+        keep = torch.tensor([*range(root + 1), *(root + 1 + c for c in acc.nodes[: m - 1])], dtype=torch.long)
+        if n:
+            compact_cache(cache, prefix, keep)
+        outputs.add(acc.scores[:m], logits[(keep[-m:] - root).to(logits.device)])
+        hidden = tuple(h[:, keep.to(h.device)] for h in out.hidden_states) if need_hidden else None
+        attn = _gather_attentions(out.attentions, prefix, keep) if need_attn else None
+        _add_states(outputs, hidden, attn, prefix, len(keep), m)
+        del out
+        if streamer is not None:
+            streamer.put(input_ids[0, -m:].cpu())
+        stats.target_forwards += 1
+        stats.drafted += n
+        stats.accepted += m - 1
+        stats.verify_time += verify_s
+        stats.draft_time += draft_s
+        feedback = StepFeedback(
+            input_ids,
+            acc.tokens[:m],
+            m - 1,
+            acc.nodes[: m - 1],
+            None if is_prefill else tree,
+            cache,
+            hidden,
+            attn,
+            is_prefill,
+        )
+        draft_s += _observe(proposer, stats, feedback)
+        stats.steps.append(
+            dict(
+                nodes=n,
+                depth=tree.max_depth,
+                accepted=m - 1,
+                new_tokens=m,
+                draft_s=draft_s,
+                verify_s=verify_s,
+            )
+        )
+        if finished:
+            break
+
+        prefix = input_ids.shape[1] - 1  # == cache length: the root is not cached yet
+        tree, draft_s, warned = _propose(proposer, input_ids, max_length, cache, warned)
+        is_prefill = False
+        fed, positions = tree.flat_tokens(input_ids[0, -1]), tree.position_ids(prefix)
+        mask = additive_mask(tree.attention_mask(prefix), model.dtype) if len(tree) else None
+
+    finish(stats, streamer, t_start)
+    return outputs.result(input_ids, cache)
+
+
+def _propose(proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, cache: Cache, warned: bool):
+    """The proposer's tree for the next step (cut to the length budget; empty near a sliding window), the seconds
+    it took, and whether the sliding-window warning has been given."""
+    budget = max_length - input_ids.shape[1] - 1
+    t0 = time.perf_counter()
+    tree = proposer.propose(input_ids, budget)
+    draft_s = time.perf_counter() - t0
+    tree = tree.truncate_depth(max(budget, 0))
+    tree.tokens = tree.tokens.to(input_ids.device)
+    if len(tree) and not check_tree_support(cache, 1 + len(tree)):
+        if not warned:
+            logger.warning("a sliding-window cache layer is near its window: verifying without the tree")
+            warned = True
+        tree = TokenTree.empty(input_ids.device)
+    return tree, draft_s, warned
+
+
+def _add_states(outputs: GenerateOutputs, hidden, attn, prefix: int, kept: int, m: int) -> None:
+    """Hidden states / attentions of the ``kept`` fed rows per emitted token, as ``_sample`` reports them: the first
+    token's entry covers every kept row up to it (the whole prompt for the prefill), each later token its own row."""
+    first = kept - m  # kept rows before the first emitting one
+    for j in range(m):
+        lo, hi = (0 if j == 0 else first + j), first + j + 1
+        if outputs.hidden_states is not None:
+            outputs.hidden_states.append(tuple(h[:, lo:hi] for h in hidden))
+        if outputs.attentions is not None:
+            outputs.attentions.append(tuple(a[:, :, lo:hi, : prefix + hi] for a in attn))
+
+
+def _observe(proposer: TreeProposer, stats: DecodeStats, feedback: StepFeedback) -> float:
+    t0 = time.perf_counter()
+    proposer.observe(feedback)
+    dt = time.perf_counter() - t0
+    stats.draft_time += dt
+    return dt

@@ -1,0 +1,168 @@
+"""EDD candidate trees (edd-pct.txt §3.2, App. A) as a tree-core :class:`TreeProposer`: PCT, VCT, EAGLE-2, chain."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..core.tree import ROOT, TokenTree
+from ..core.tree_decoding import StepFeedback, TreeProposer
+from ..errors import SpecDecError
+from .draft_state import EddDraftState
+from .pct import (
+    DEFAULT_PCT_MAX_DEPTH,
+    DEFAULT_PCT_WIDTH,
+    DEFAULT_REMOVAL_THRESHOLD,
+    EAGLE2_DEPTH,
+    EAGLE2_TOPK,
+    EAGLE2_TOTAL,
+    VCT_DEPTH,
+    VCT_WIDTH,
+    GrownTree,
+    StepTimer,
+    grow_eagle2,
+    grow_fixed,
+    grow_pct,
+)
+
+
+class EddTreeExpander:
+    """``pct.Expander`` on an EDD drafter: one EDD forward per call, probabilities over the drafter's vocabulary
+    (its reduced draft vocabulary if it has one: ``token_ids`` maps columns to token ids), at the confidence
+    temperature ``temperature`` (default: the drafter's calibrated ``config.confidence_temperature``)."""
+
+    def __init__(
+        self,
+        state: EddDraftState,
+        input_ids: torch.Tensor,
+        timer: StepTimer | None = None,
+        temperature: float | None = None,
+    ):
+        self.state, self.input_ids, self.timer = state, input_ids, timer
+        self.token_ids = state.edd.draft_vocab_ids
+        self.temperature = temperature or getattr(state.edd.config, "confidence_temperature", 1.0)
+
+    def expand(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
+        t0 = time.perf_counter()
+        if nodes == [ROOT]:
+            hidden = self.state.root_step(self.input_ids)
+        else:
+            hidden = self.state.tree_step(nodes, tree)
+        edd = self.state.edd
+        probs = (edd.draft_logits(hidden).float() / self.temperature).softmax(-1)
+        if self.timer is not None:
+            self.timer.draft(time.perf_counter() - t0)
+        return probs
+
+
+TREE_BUILDERS = ("pct", "vct", "eagle2", "chain")
+
+
+class EddTreeProposer(TreeProposer):
+    """Drafts a tree with EDD each step; ``builder`` is ``"pct"`` (default), ``"vct"``, ``"eagle2"`` or
+    ``"chain"`` (top-1 chain of ``depth`` tokens, for checks). Deterministic drafts (``draft_probs=None``), which
+    the tree core verifies losslessly both greedily and with sampling.
+
+    s_d/s_t for PCT: running means of the measured EDD forward time and of the measured verification time
+    (from the end of ``propose`` to ``observe``) of this generation loop, seeded by a calibration run in the first
+    ``start`` (a target forward and an EDD forward over a few tokens). ``ratio=`` pins it.
+
+    Confidences are ``softmax(logits / T)`` with the drafter's calibrated ``config.confidence_temperature``
+    (``trainers/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax)."""
+
+    needs_hidden_states = True
+
+    def __init__(
+        self,
+        edd,
+        builder: str = "pct",
+        width: int | None = None,
+        depth: int | None = None,
+        removal_threshold: float = DEFAULT_REMOVAL_THRESHOLD,
+        total_tokens: int = EAGLE2_TOTAL,
+        ratio: float | None = None,
+        confidence_temperature: float | None = None,
+    ):
+        if builder not in TREE_BUILDERS:
+            raise SpecDecError(
+                f"unknown EDD tree builder {builder!r}; choose from {', '.join(TREE_BUILDERS)}"
+            )
+        self.edd, self.builder = edd, builder
+        defaults = {
+            "pct": (DEFAULT_PCT_WIDTH, DEFAULT_PCT_MAX_DEPTH),
+            "vct": (VCT_WIDTH, VCT_DEPTH),
+            "eagle2": (EAGLE2_TOPK, EAGLE2_DEPTH),
+            "chain": (1, 5),
+        }[builder]
+        self.width = width or defaults[0]
+        self.depth = depth or defaults[1]
+        self.removal_threshold = removal_threshold
+        self.total_tokens = total_tokens
+        if confidence_temperature is not None and not confidence_temperature > 0:
+            raise SpecDecError(f"confidence_temperature must be > 0, got {confidence_temperature!r}")
+        self.confidence_temperature = confidence_temperature
+        self.timer = StepTimer(fixed_ratio=ratio)
+        self.calibrated = False
+        self.last_tree: GrownTree | None = None
+        self._t_proposed: float | None = None
+        self.state: EddDraftState | None = None
+
+    @torch.no_grad()
+    def calibrate(self, model, input_ids: torch.Tensor) -> None:
+        """First estimates of s_d and s_t on this machine: timed forwards over a short slice of the prompt."""
+        ids = input_ids[:, -8:]
+        model(input_ids=ids)  # warm-up
+        t0 = time.perf_counter()
+        model(input_ids=ids)
+        s_t = time.perf_counter() - t0
+        state = EddDraftState(self.edd)
+        state.push_hidden(self.edd.embed(ids[:, :-1]))
+        state.root_step(ids)  # warm-up
+        t0 = time.perf_counter()
+        self.edd.draft_logits(state.chain_step(ids[:, -1:], ids.shape[1])).softmax(-1)
+        s_d = time.perf_counter() - t0
+        self.timer.calibrate(s_d, s_t)
+        self.calibrated = True
+
+    def start(self, model, input_ids, generation_config) -> None:
+        if self.edd.target is not model:
+            self.edd.attach_target(model)
+        if not self.calibrated and self.timer.fixed_ratio is None and self.builder == "pct":
+            self.calibrate(model, input_ids)
+        self.state = EddDraftState(self.edd)
+        self._t_proposed = None
+
+    def observe(self, feedback: StepFeedback) -> None:
+        if self._t_proposed is not None:
+            self.timer.target(time.perf_counter() - self._t_proposed)
+            self._t_proposed = None
+        if self.state.soft_prompt:
+            self.state.push_hidden(feedback.hidden_states[self.edd.config.encoder_layer])
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
+        depth = min(self.depth, max_depth)
+        if depth <= 0:
+            self._t_proposed = time.perf_counter()
+            return TokenTree.empty(input_ids.device)
+        grown = self.grow(self.expander(self.state, input_ids, self.timer), depth)
+        self.last_tree = grown
+        self._t_proposed = time.perf_counter()
+        return grown.token_tree(input_ids.device)
+
+    def expander(
+        self, state: EddDraftState, input_ids: torch.Tensor, timer: StepTimer | None = None
+    ) -> EddTreeExpander:
+        """The drafter, seen by the tree builders at this proposer's confidence temperature."""
+        return EddTreeExpander(state, input_ids, timer, self.confidence_temperature)
+
+    def grow(self, expander, depth: int) -> GrownTree:
+        """This proposer's tree (``builder`` and its settings) from ``expander``, at most ``depth`` deep."""
+        if self.builder == "pct":
+            return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)
+        if self.builder == "vct":
+            return grow_fixed(expander, self.width, depth)
+        if self.builder == "eagle2":
+            return grow_eagle2(expander, self.width, depth, self.total_tokens)
+        return grow_fixed(expander, 1, depth)

@@ -1,0 +1,115 @@
+"""Selected-head attention capture for PLD+(a) (pld-plus.txt §4.2.1) and ``find-heads``.
+
+A model on ``sdpa`` attention returns no attention weights; this computes the weights of a few selected heads next
+to the model's own kernel, through a thin registered attention function (``_attention_with_selected_weights``),
+so the model's outputs stay those of its own kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import SpecDecError
+
+
+@dataclass
+class _Capture:
+    heads_by_layer: dict[int, torch.Tensor]  # layer index -> query-head indices whose weights are wanted
+    last_rows: int | None = None  # compute only the last `last_rows` query rows (None: all)
+
+
+_CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("pld_plus_capture", default=None)
+_WRAPPER_PREFIX = "pld_plus|"
+
+
+def _selected_weights(
+    module, query: torch.Tensor, key: torch.Tensor, scaling: float | None
+) -> torch.Tensor | None:
+    """Softmax attention of the selected heads of ``module`` (``None`` when none is selected there).
+
+    Batch size 1 and no padding (assisted decoding's own restriction): query row ``i`` of ``q`` rows sits at key
+    position ``k - q + i``, which gives the causal mask. Shape ``(1, heads, rows, keys)``, float32.
+    """
+    capture = _CAPTURE.get()
+    if capture is None:
+        return None
+    heads = capture.heads_by_layer.get(getattr(module, "layer_idx", None))
+    if heads is None:
+        return None
+    n_q, n_kv = query.shape[1], key.shape[1]
+    rows = query.shape[2] if capture.last_rows is None else min(capture.last_rows, query.shape[2])
+    heads = heads.to(query.device)
+    q = query[:, heads, query.shape[2] - rows :].float()
+    k = key[:, heads // (n_q // n_kv)].float()  # grouped-query attention: query head -> its key/value head
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    n_keys = k.shape[2]
+    positions = torch.arange(n_keys - rows, n_keys, device=scores.device)
+    future = torch.arange(n_keys, device=scores.device)[None, :] > positions[:, None]
+    return scores.masked_fill_(future, float("-inf")).softmax(dim=-1)
+
+
+def _make_attention(base: str):
+    from transformers import AttentionInterface
+
+    base_fn = AttentionInterface._global_mapping[base]
+
+    def _attention_with_selected_weights(module, query, key, value, attention_mask, **kwargs):
+        """The model's own ``base`` attention for the output, plus the selected heads' weights (or ``None``)."""
+        kwargs.pop("output_attentions", None)  # the base kernel does not return weights; we do, below
+        out, _ = base_fn(module, query, key, value, attention_mask, **kwargs)
+        return out, _selected_weights(module, query, key, kwargs.get("scaling"))
+
+    return _attention_with_selected_weights
+
+
+def _register_wrapper(base: str) -> str:
+    """Register ``pld_plus|<base>`` (attention and mask functions) once; returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = _WRAPPER_PREFIX + base
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, _make_attention(base))
+        if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[base])
+    return name
+
+
+@contextlib.contextmanager
+def capture_selected_attention(
+    model, heads_by_layer: dict[int, torch.Tensor], last_rows: int | None = None
+) -> Iterator[bool]:
+    """Within the block, ``output_attentions=True`` returns the attention weights of the selected heads only.
+
+    A model on ``eager`` attention already computes every weight; it is left as it is (yields ``False``: its
+    ``outputs.attentions`` holds all layers and heads). Otherwise the model's attention implementation ``X`` is
+    switched to ``pld_plus|X`` for the block: ``X`` itself computes the layer outputs (so generation is unchanged),
+    and the selected heads' weights are computed next to it (yields ``True``: ``outputs.attentions`` holds one
+    ``(1, len(heads), rows, keys)`` tensor per selected layer, in layer order).
+    """
+    from transformers import AttentionInterface
+
+    base = model.config._attn_implementation
+    if base == "eager":
+        yield False
+        return
+    if base.startswith(_WRAPPER_PREFIX):
+        raise SpecDecError("capture_selected_attention cannot be nested on the same model")
+    if base not in AttentionInterface._global_mapping:
+        raise SpecDecError(
+            f"PLD+(a) cannot read attention weights from attn_implementation={base!r}; "
+            "load the model with attn_implementation='sdpa' or 'eager'"
+        )
+    token = _CAPTURE.set(_Capture(heads_by_layer, last_rows))
+    model.set_attn_implementation(_register_wrapper(base))
+    try:
+        yield True
+    finally:
+        model.set_attn_implementation(base)
+        _CAPTURE.reset(token)

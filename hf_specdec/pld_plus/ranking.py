@@ -1,0 +1,38 @@
+"""Ranking the occurrences of the last token (pld-plus.txt §4.1-4.2, eq. 1-3)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def occurrences(ids: torch.Tensor) -> torch.Tensor:
+    """Eq. 1: positions ``j < t`` of the 1-D ``ids`` whose token equals the last one, ``x_t = ids[-1]``."""
+    return (ids[:-1] == ids[-1]).nonzero().squeeze(1)
+
+
+def rank_by_hidden(unit_states: torch.Tensor, occ: torch.Tensor) -> tuple[int | None, float]:
+    """Eq. 3: the occurrence ``j`` maximising ``cos(H_{j-1}, H_{t-1})``.
+
+    ``unit_states`` holds the L2-normalised layer-``l`` hidden states of positions ``0 .. t-1`` (one row each), so the
+    cosine is a dot product; ``occ`` are the occurrences of ``x_t`` (``j = 0`` has no ``H_{j-1}`` and is skipped).
+    Returns ``(j, similarity)`` or ``(None, -inf)``.
+    """
+    occ = occ[occ >= 1]
+    if occ.numel() == 0:
+        return None, float("-inf")
+    sims = unit_states[occ - 1].float() @ unit_states[-1].float()
+    best = int(sims.argmax())
+    return int(occ[best]), float(sims[best])
+
+
+def rank_by_attention(rows: torch.Tensor, occ: torch.Tensor) -> tuple[int | None, float]:
+    """Eq. 2: the occurrence ``j`` with the largest attention from ``x_{t-1}``, maxed over the selected heads.
+
+    ``rows`` is ``(num_selected_heads, t)``: each selected head's attention row of query ``x_{t-1}`` over keys
+    ``0 .. t-1``. Returns ``(j, attention)`` or ``(None, -inf)``.
+    """
+    if occ.numel() == 0:
+        return None, float("-inf")
+    scores = rows[:, occ].amax(dim=0)
+    best = int(scores.argmax())
+    return int(occ[best]), float(scores[best])

@@ -1,0 +1,68 @@
+"""What every training run (``hf-specdec train glide``, ``train edd``, ``train space``) shares around the
+``Trainer``: stopping on a time budget, resuming from the last checkpoint, and writing the model card."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+class TimeLimitCallback(TrainerCallback):
+    """Stop (and save) once training has run ``max_seconds`` of wall time in this process, or at optimizer step
+    ``stop_at_step``; the learning-rate schedule stays the one of ``max_steps`` (so a run stopped at step N matches
+    another run's state at step N: equal-budget ablations)."""
+
+    def __init__(self, max_seconds: float | None, stop_at_step: int | None = None):
+        self.max_seconds = max_seconds
+        self.stop_at_step = stop_at_step
+        self.start = None
+
+    @classmethod
+    def from_args(cls, args) -> TimeLimitCallback:
+        """From the trainers' ``--max-minutes`` and ``--stop-at-step`` (``trainers/run_options.py``)."""
+        return cls(args.max_minutes * 60 if args.max_minutes else None, getattr(args, "stop_at_step", None))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        timed_out = self.max_seconds and time.perf_counter() - self.start > self.max_seconds
+        if timed_out or (self.stop_at_step and state.global_step >= self.stop_at_step):
+            control.should_training_stop = True
+            control.should_save = True
+        return control
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest ``checkpoint-N`` folder the ``Trainer`` saved in ``output_dir`` (``get_last_checkpoint``), if any."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
+
+
+def write_card(
+    folder: str | Path,
+    info: dict,
+    intro: list[str],
+    rows: list[tuple[str, object]],
+    footer: list[str],
+    header: str = "| | |",
+    json_name: str = "model_card.json",
+) -> Path:
+    """Write a model card into ``folder``: ``json_name`` (``info``, machine-readable) and ``README.md`` = the
+    ``intro`` lines, a two-column table (``header``, then one ``| label | value |`` row per ``rows`` entry; a dict
+    value is written ``key value, ...``) and the ``footer`` lines. Returns the README's path."""
+    folder = Path(folder)
+    lines = [*intro, "", header, "|---|---|"]
+    for label, value in rows:
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        lines.append(f"| {label} | {value} |")
+    lines += ["", *footer, ""]
+    (folder / json_name).write_text(json.dumps(info, indent=1))
+    path = folder / "README.md"
+    path.write_text("\n".join(lines))
+    return path
