@@ -87,7 +87,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         if variant == "hidden":
             if layer is None or hidden_size is None:
                 raise SpecDecError("PLD+(h) needs the hidden-state layer and the hidden size")
-            self.model_kwargs_overrides: dict[str, Any] = {"output_hidden_states": [layer]}
+            # all hidden states (references to tensors the forward computes anyway): the list form
+            # (output_hidden_states=[l]) indexes differently across transformers releases (5.17-5.22: decoder layers)
+            self.model_kwargs_overrides: dict[str, Any] = {"output_hidden_states": True}
             self._states = torch.empty(max_length, hidden_size, dtype=torch.float32)
         else:
             if not self.heads:
