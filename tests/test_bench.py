@@ -8,6 +8,7 @@ import torch
 from hf_specdec.bench.harness import run_bench
 from hf_specdec.cli import main
 from hf_specdec.core.stats import ForwardMeter
+from hf_specdec.machine import cpu_has_native_bf16, machine_line, resolve_auto_dtype
 
 from .conftest import tiny_llama
 
@@ -39,9 +40,24 @@ def tiny_checkpoint(tmp_path_factory, real_target):
 def test_results_schema_report_and_chart(tiny_checkpoint, tmp_path):
     out = tmp_path / "bench"
     results = run_bench(
-        ["ar", "hf-pld"], ["code-edit"], limit=2, max_new_tokens=12, model=str(tiny_checkpoint), out=out
+        ["ar", "hf-pld"],
+        ["code-edit"],
+        limit=2,
+        max_new_tokens=12,
+        model=str(tiny_checkpoint),
+        out=out,
+        dtype="auto",
     )
     saved = json.loads((out / "results.json").read_text())
+    machine = saved["config"]["machine_info"]  # the CPU (and its bf16 support) beside every figure
+    assert (
+        saved["config"]["dtype"] == resolve_auto_dtype("auto")
+        and saved["config"]["dtype_requested"] == "auto"
+    )
+    assert (
+        machine["cpu_native_bf16"] == cpu_has_native_bf16() and machine["threads"] == torch.get_num_threads()
+    )
+    assert f"machine: {machine_line(machine)}" in (out / "report.md").read_text()
     assert saved["runs"] == results["runs"]
     assert [(r["method"], r["task"]) for r in saved["runs"]] == [("ar", "code-edit"), ("hf-pld", "code-edit")]
     for run in saved["runs"]:

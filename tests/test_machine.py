@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_specdec import machine
 from hf_specdec.machine import (
     cpu_flags,
     cpu_has_native_bf16,
@@ -43,3 +44,12 @@ def test_describe_machine_names_cpu_threads_and_bf16():
     assert machine_line(gpu).startswith(
         "NVIDIA H100 80GB HBM3 ("
     ) and "native bf16 (amx_bf16)" in machine_line(gpu)
+
+
+def test_load_dtype_auto_follows_the_cpu(monkeypatch):
+    from hf_specdec.target import resolve_dtype
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: cpu_flags(SAPPHIRE))
+    assert resolve_dtype("auto") == torch.bfloat16
+    monkeypatch.setattr(machine, "cpu_flags", lambda cpuinfo=None: cpu_flags(AVX2_ONLY))
+    assert resolve_dtype("auto") == torch.float32 and resolve_dtype("bf16") == torch.bfloat16

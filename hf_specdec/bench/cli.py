@@ -30,7 +30,12 @@ def add_parser(sub) -> None:
     p.add_argument("--tasks", type=_csv, default=["code-edit", "mt-bench"], help="comma-separated task names")
     p.add_argument("--limit", type=int, default=10, help="prompts per task (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "fp16", "auto"],
+        default="fp32",
+        help="auto: bf16 where the CPU has native bf16 (AVX512-BF16 / AMX) or on a GPU, else fp32",
+    )
     p.add_argument(
         "--model",
         default=None,

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
 from ..core.stats import DecodeStats, ForwardMeter
 from ..errors import SpecDecError
+from ..machine import describe_machine, machine_line, resolve_auto_dtype
 from ..target import load_target, resolve_dtype
 from ..tasks import load_task
 from .methods import BenchContext, get_method
@@ -86,6 +87,7 @@ def run_bench(
         raise SpecDecError(f"--limit must be at least 1 (got {limit})")
     if max_new_tokens < 1:
         raise SpecDecError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    requested_dtype, dtype = dtype, resolve_auto_dtype(dtype)  # the machine decides "auto" (fp32 or bf16)
     names = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
     classes = [get_method(n) for n in names]  # unknown names fail here, before any loading
     datasets = {t: load_task(t, None, limit) for t in tasks}  # unknown tasks / missing packages fail early
@@ -143,6 +145,7 @@ def run_bench(
         "config": {
             "model": model or "default (SmolLM2-135M-Instruct)",
             "dtype": dtype,
+            "dtype_requested": requested_dtype,
             "limit": limit,
             "max_new_tokens": max_new_tokens,
             "tie_tol": tie_tol,
@@ -150,6 +153,7 @@ def run_bench(
             "tasks": tasks,
             "torch_threads": torch.get_num_threads(),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "machine_info": describe_machine(target.device),
             "python": sys.version.split()[0],
             "torch": torch.__version__,
         },
@@ -173,6 +177,8 @@ def report_markdown(results: dict) -> str:
         "",
         f"model: {cfg['model']}, dtype {cfg['dtype']}, {cfg['limit']} prompts per task, max_new_tokens {cfg['max_new_tokens']}, "
         f"torch threads {cfg['torch_threads']}, tie tolerance {cfg['tie_tol']}",
+        "",
+        f"machine: {machine_line(cfg['machine_info'])}" if cfg.get("machine_info") else "",
         "",
         "| task | method | speedup | tokens/s | tau | alpha | draft share | verify share | lossless |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",

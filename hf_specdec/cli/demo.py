@@ -18,7 +18,12 @@ def add_parser(sub) -> None:
         default=None,
         help="PATH_OR_ID of any HF causal LM (default: the embedded SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "auto"],
+        default="fp32",
+        help="auto: bf16 only where the CPU runs it natively",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
         "--method", default=None, help="method to compare with plain generate (default: fastest available)"
@@ -36,8 +41,11 @@ def _columns(left: str, right: str, width: int = 58) -> str:
 
 def run(args) -> int:
     from ..bench.methods import BenchContext, available_methods, get_method
+    from ..machine import describe_machine, machine_line, resolve_auto_dtype
     from ..target import load_target
     from ..tasks import load_task
+
+    args.dtype = resolve_auto_dtype(args.dtype)
 
     methods = available_methods()
     name = args.method or next(m for m in PREFERENCE if m in methods)
@@ -82,7 +90,8 @@ def run(args) -> int:
     m_tps = totals[name][0] / totals[name][1]
     print("=" * 120)
     print(
-        f"ar: {ar_tps:.1f} tok/s   {name}: {m_tps:.1f} tok/s   speedup {m_tps / ar_tps:.2f}x  ({args.dtype}, {torch.get_num_threads()} threads)"
+        f"ar: {ar_tps:.1f} tok/s   {name}: {m_tps:.1f} tok/s   speedup {m_tps / ar_tps:.2f}x  "
+        f"({args.dtype}; {machine_line(describe_machine(model.device))})"
     )
     print(
         "Full benchmark: .venv/bin/hf-specdec bench --methods ar,hf-pld --tasks code-edit,mt-bench --limit 10 --out bench-out  (or `make bench`)"
