@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -150,11 +151,29 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+@contextmanager
+def validation_trainer(drafter, target, valid):
+    """A ``DrafterTrainer`` over ``valid`` for validation passes only (calibration, draft-vocab), with a scratch
+    output folder that is removed afterwards."""
+    from transformers import TrainingArguments
+
+    from .drafter_trainer import DrafterTrainer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        targs = TrainingArguments(
+            output_dir=scratch,
+            per_device_eval_batch_size=4,
+            report_to=[],
+            remove_unused_columns=False,
+            use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True,
+        )
+        yield DrafterTrainer(model=drafter, args=targs, eval_dataset=valid, target=target)
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_specdec.modeling import EddConfig, EddForCausalLM
     from hf_specdec.trainers.data import packed_dataset
-    from hf_specdec.trainers.drafter_trainer import DrafterTrainer
-    from transformers import TrainingArguments
 
     from hf_specdec.target import load_target
 
@@ -172,16 +191,7 @@ def run(args: argparse.Namespace) -> int:
     target, tokenizer = load_target(args.model, "fp32")
     drafter = EddForCausalLM.from_pretrained(folder, target=target).eval()
     valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.blocks)
-    with tempfile.TemporaryDirectory() as scratch:
-        targs = TrainingArguments(
-            output_dir=scratch,
-            per_device_eval_batch_size=4,
-            report_to=[],
-            remove_unused_columns=False,
-            use_cpu=not torch.cuda.is_available(),
-            disable_tqdm=True,
-        )
-        trainer = DrafterTrainer(model=drafter, args=targs, eval_dataset=valid, target=target)
+    with validation_trainer(drafter, target, valid) as trainer:
         result = calibrate_drafter(trainer)
     record_calibration(folder, result)
     print(f"{folder}: {describe(result)}")

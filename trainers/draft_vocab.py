@@ -140,17 +140,15 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from transformers import AutoModelForCausalLM, TrainingArguments
+    from transformers import AutoModelForCausalLM
 
     from hf_specdec.cli import parse_ints
     from hf_specdec.core.verify_cost import measured_cost
     from hf_specdec.target import load_target
 
+    from .calibration import validation_trainer
     from .data import frequent_tokens
     from .drafter_run import training_blocks
-    from .drafter_trainer import DrafterTrainer
 
     folder = Path(args.drafter)
     if not (folder / "config.json").is_file():
@@ -178,16 +176,7 @@ def run(args: argparse.Namespace) -> int:
     costs = draft_step_costs(drafter, target, sizes)
     curve = measured_cost(target, torch.randint(3, 1000, (256,)))
     c_verify = curve(args.gamma + 1)
-    with tempfile.TemporaryDirectory() as scratch:
-        targs = TrainingArguments(
-            output_dir=scratch,
-            per_device_eval_batch_size=4,
-            report_to=[],
-            remove_unused_columns=False,
-            use_cpu=not torch.cuda.is_available(),
-            disable_tqdm=True,
-        )
-        trainer = DrafterTrainer(model=drafter, args=targs, eval_dataset=valid, target=target)
+    with validation_trainer(drafter, target, valid) as trainer:
         rows = vocab_table(trainer, drafter, counts, always, sizes, costs, c_verify, args.gamma)
     best = max(rows, key=lambda r: r["tokens_per_time"])
     print(
