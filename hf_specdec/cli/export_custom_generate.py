@@ -9,9 +9,8 @@ from ..custom_generate_export import EXPORTS, NOT_EXPORTED, export_custom_genera
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "export-custom-generate",
-        help="write a method as a Hub custom_generate folder (usable without hf_specdec installed)",
-        description="Write DIR/custom_generate/generate.py (+ requirements.txt and the bundled hf_specdec modules) "
-        "and DIR/README.md; then model.generate(..., custom_generate=DIR or its Hub repo, trust_remote_code=True).",
+        help="write DIR/custom_generate/ (generate.py, requirements.txt, bundled modules) and DIR/README.md: "
+        "model.generate(..., custom_generate=DIR or its Hub repo, trust_remote_code=True) without hf_specdec",
     )
     p.add_argument("method", choices=sorted([*EXPORTS, *NOT_EXPORTED]), help="the decoding method")
     p.add_argument("dir", help="output folder (push it as a Hub repo to share the strategy)")
