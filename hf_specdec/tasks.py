@@ -30,6 +30,7 @@ from datasets import Dataset
 from .errors import SpecDecError
 
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # the Hub dataset that publishes SHAREGPT_FILE
 ROLE_MAP = {
     "human": "user",
     "user": "user",

@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from hf_specdec.trainers.drafter_card import drafter_card_data, usage_snippet
 from hf_specdec.trainers.run_options import add_job_arguments, add_run_arguments
 
 from hf_specdec.errors import SpecDecError
@@ -99,16 +100,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "decoder layer of the target's architecture reading the target's hidden states as a soft prompt. Embedding "
         "and LM head are the target's and are not stored here. Use with",
         "",
-        "```python",
-        "import hf_specdec",
-        "from hf_specdec.modeling import EddForCausalLM",
-        "from hf_specdec.edd import EddTreeProposer",
-        "from hf_specdec import tree_generate",
-        "target, tok = hf_specdec.load_default_target('fp32')",
-        f"edd = EddForCausalLM.from_pretrained('{out_dir}', target=target)",
-        "target.generate(**inputs, assistant_model=edd)                       # chain drafts (gamma = 5)",
-        "target.generate(**inputs, custom_generate=tree_generate, proposer=EddTreeProposer(edd, 'pct'))  # PCT",
-        "```",
+        *usage_snippet("edd", out_dir),
     ]
     fields = [
         ("architecture", "architecture"),
@@ -132,7 +124,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     from hf_specdec.trainers.drafter_run import drafter_card_rows
     from hf_specdec.trainers.run_support import write_card
 
-    return write_card(out_dir, info, intro, drafter_card_rows(info, fields), [footnote])
+    data = drafter_card_data(info, "edd", intro[0].removeprefix("# "))
+    return write_card(out_dir, info, intro, drafter_card_rows(info, fields), [footnote], card_data=data)
 
 
 def _build(args, target):

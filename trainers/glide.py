@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from hf_specdec.trainers.drafter_card import drafter_card_data, usage_snippet
 from hf_specdec.trainers.run_options import add_job_arguments, add_run_arguments
 
 DEFAULT_GLIDE_DIR = "runs/glide-smollm2"
@@ -96,13 +97,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "A draft model for lossless speculative decoding with `hf_specdec` (glide-cape.txt §4.1). Embedding and LM "
         "head are the target's and are not stored here; load with",
         "",
-        "```python",
-        "import hf_specdec",
-        "from hf_specdec.modeling import GlideForCausalLM",
-        "target, tok = hf_specdec.load_default_target('fp32')",
-        f"drafter = GlideForCausalLM.from_pretrained('{out_dir}', target=target)",
-        "target.generate(**inputs, assistant_model=drafter)",
-        "```",
+        *usage_snippet("glide", out_dir),
     ]
     fields = [
         ("architecture", "architecture"),
@@ -125,7 +120,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     from hf_specdec.trainers.drafter_run import drafter_card_rows
     from hf_specdec.trainers.run_support import write_card
 
-    return write_card(out_dir, info, intro, drafter_card_rows(info, fields), [footnote])
+    data = drafter_card_data(info, "glide", intro[0].removeprefix("# "))
+    return write_card(out_dir, info, intro, drafter_card_rows(info, fields), [footnote], card_data=data)
 
 
 def _build(args, target):

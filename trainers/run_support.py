@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from huggingface_hub import ModelCard, ModelCardData
 from transformers import TrainerCallback
 
 
@@ -51,10 +52,12 @@ def write_card(
     footer: list[str],
     header: str = "| | |",
     json_name: str = "model_card.json",
+    card_data: ModelCardData | None = None,
 ) -> Path:
     """Write a model card into ``folder``: ``json_name`` (``info``, machine-readable) and ``README.md`` = the
-    ``intro`` lines, a two-column table (``header``, then one ``| label | value |`` row per ``rows`` entry; a dict
-    value is written ``key value, ...``) and the ``footer`` lines. Returns the README's path."""
+    ``card_data`` as the Hub's YAML metadata (``huggingface_hub.ModelCard``), then the ``intro`` lines, a
+    two-column table (``header``, then one ``| label | value |`` row per ``rows`` entry; a dict value is written
+    ``key value, ...``) and the ``footer`` lines. Returns the README's path."""
     folder = Path(folder)
     lines = [*intro, "", header, "|---|---|"]
     for label, value in rows:
@@ -64,5 +67,6 @@ def write_card(
     lines += ["", *footer, ""]
     (folder / json_name).write_text(json.dumps(info, indent=1))
     path = folder / "README.md"
-    path.write_text("\n".join(lines))
+    meta = f"---\n{card_data.to_yaml()}\n---\n" if card_data is not None else ""
+    ModelCard(meta + "\n".join(lines)).save(path)
     return path

@@ -112,14 +112,11 @@ def write_model_card(folder: Path, info: dict) -> Path:
     """The card of a SAR-SFT / SFT checkpoint: ``README.md`` and ``space_training.json`` (the same facts,
     machine-readable), written by the trainers' one card writer (``run_support.write_card``)."""
     from hf_specdec.trainers.run_support import write_card
+    from huggingface_hub import ModelCardData
 
     kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
     tau = info.get("tau")
     intro = [
-        "---",
-        "library_name: transformers",
-        "tags: [hf_specdec, space, speculative-decoding]",
-        "---",
         f"# {kind}",
         "",
         f"Fine-tuned from `{info['base']}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
@@ -140,8 +137,20 @@ def write_model_card(folder: Path, info: dict) -> Path:
         "",
         "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`.",
     ]
+    data = ModelCardData(
+        library_name="transformers",  # a plain causal LM: the Hub's transformers snippet loads it as is
+        pipeline_tag="text-generation",
+        tags=["hf_specdec", "space", "speculative-decoding"],
+    )
     return write_card(
-        folder, info, intro, rows, footer, header="| setting | value |", json_name="space_training.json"
+        folder,
+        info,
+        intro,
+        rows,
+        footer,
+        header="| setting | value |",
+        json_name="space_training.json",
+        card_data=data,
     )
 
 

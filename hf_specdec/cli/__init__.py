@@ -15,6 +15,7 @@ COMMANDS = [
     "hf_specdec.bench.cli",
     "hf_specdec.cli.demo",
     "hf_specdec.cli.train",
+    "hf_specdec.cli.export_custom_generate",
     "hf_specdec.pld_plus.induction_heads",
     "hf_specdec.pld_plus.tune",
     "hf_specdec.edd.tree_replay",

@@ -36,8 +36,8 @@ Usage (``hf_specdec.pld_plus`` is this package's ``custom_generate`` function, `
 
 One module per concern: ``ranking.py`` (eq. 1-3), ``draft_length.py`` (§4.3's K), ``attention_capture.py`` (the
 selected heads' weights), ``candidate_generator.py`` (the ``CandidateGenerator``), ``attribution.py`` (App. D),
-``generate.py`` (the ``custom_generate`` entry), ``defaults.py`` (tuned values), ``induction_heads.py``
-(``hf-specdec find-heads``, §4.2.1, App. B.1) and ``tune.py`` (``hf-specdec pld-tune``, §5.5). PLD+ needs no
+``generate.py`` (the ``custom_generate`` entry), ``defaults.py`` (tuned values), ``heads_file.py`` (PLD+(a)'s heads
+file), ``induction_heads.py`` (``hf-specdec find-heads``, §4.2.1, App. B.1) and ``tune.py`` (``hf-specdec pld-tune``, §5.5). PLD+ needs no
 trained drafter (nothing in ``modeling/``) and no training (nothing in ``trainers/``): it drafts from the context.
 """
 

@@ -20,7 +20,7 @@ from .attention_capture import capture_selected_attention
 from .attribution import PLDPlusGenerateOutput, merge_spans
 from .candidate_generator import PLDPlusCandidateGenerator, resolve_layer
 from .defaults import DEFAULT_MAX_TOKENS, DEFAULT_MIN_SCORE, DEFAULT_PRIORS, DEFAULT_TOP_HEADS
-from .induction_heads import default_heads_file, read_heads_file
+from .heads_file import default_heads_file, read_heads_file
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 

@@ -1,4 +1,4 @@
-"""Induction heads for PLD+(a) (pld-plus.txt §4.2.1, §5.5, App. B.1): find them, write and read the heads file.
+"""Induction heads for PLD+(a) (pld-plus.txt §4.2.1, §5.5, App. B.1): find them and write the heads file.
 
 Identification (§4.2.1): generate greedy outputs for a set of prompts; for every generated token ``o_t`` that occurs
 earlier in the context, take the occurrence ``r*`` with the longest common suffix with the output so far (the
@@ -6,29 +6,26 @@ place ``o_t`` was most plausibly copied from), and count, for every head of ever
 of the query that produced ``o_t`` (``x_{t-1}``) has its maximum at ``r*``. Heads are ranked by their hit rate;
 PLD+(a) uses the top ones (App. B.1 found 50 of Vicuna-7B's 1024 best; the number is a hyper-parameter).
 
-The heads file is JSON (``FORMAT``): the target's fingerprint (``target.target_fingerprint``), the task and counts it
-was made from, and ``heads``: ``[{"layer": l, "head": g, "score": hit_rate}, ...]`` best first. ``layer`` indexes
-the decoder layers (0-based, like ``model.model.layers``), ``head`` the query heads of that layer.
+The heads file (its format, reading and checking it) is ``heads_file.py``, re-exported here; decoding imports
+only that module, so an exported ``custom_generate`` folder does not carry this command.
 
 Command: ``hf-specdec find-heads --task summarize --limit 10 --out heads.json [--model PATH]``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import torch
 
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
-
-FORMAT = "hf_specdec.induction_heads/1"
-RESOURCES = Path(__file__).parent.parent / "resources"
-DEFAULT_HEADS_FILE = RESOURCES / "SmolLM2-135M-Instruct.heads.json"
-
-_READ_CACHE: dict[tuple, list[tuple[int, int]]] = {}
+from .heads_file import (  # noqa: F401  (re-exported: the heads file's API)
+    DEFAULT_HEADS_FILE,
+    FORMAT,
+    default_heads_file,
+    load_heads_doc,
+    read_heads_file,
+    write_heads_file,
+)
 
 
 # --------------------------------------------------------------------------------------------- identification
@@ -120,107 +117,6 @@ def rank_heads(hits: torch.Tensor, events: int) -> list[dict]:
         {"layer": layer, "head": head, "score": round(count / max(events, 1), 6)}
         for count, layer, head in flat
     ]
-
-
-# ------------------------------------------------------------------------------------------------ heads file
-def write_heads_file(path: str | os.PathLike, model, heads: list[dict], **meta) -> Path:
-    """Write a heads file for ``model`` (``heads`` as :func:`rank_heads` returns them)."""
-    from ..target import target_fingerprint
-
-    cfg = model.config.get_text_config()
-    doc = {
-        "format": FORMAT,
-        "target": target_fingerprint(model),
-        "num_layers": cfg.num_hidden_layers,
-        "num_heads": cfg.num_attention_heads,
-        **meta,
-        "heads": heads,
-    }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
-
-
-def load_heads_doc(path: str | os.PathLike) -> dict:
-    """Parse and check the structure of a heads file (not against a model)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecDecError(
-            f"heads file {path} does not exist; make one with `hf-specdec find-heads --out {path}`"
-        )
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecDecError(
-            f"heads file {path} is not valid JSON ({exc}); regenerate it with `hf-specdec find-heads`"
-        ) from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise SpecDecError(
-            f"{path} is not a heads file (expected format {FORMAT!r}); regenerate it with `hf-specdec find-heads`"
-        )
-    heads = doc.get("heads")
-    if not isinstance(heads, list) or not heads:
-        raise SpecDecError(
-            f"heads file {path} lists no heads; rerun `hf-specdec find-heads` with more prompts"
-        )
-    for i, entry in enumerate(heads):
-        if not isinstance(entry, dict) or not all(
-            isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("layer", "head")
-        ):
-            raise SpecDecError(
-                f"heads file {path}: entry {i} must have integer 'layer' and 'head', got {entry!r}"
-            )
-    return doc
-
-
-def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None) -> list[tuple[int, int]]:
-    """The ``(layer, head)`` pairs of a heads file, best first, the ``top`` first ones only.
-
-    With ``model``, checks that the file was made for it (fingerprint) and that every layer / head index exists in
-    it; raises :class:`SpecDecError` naming the fix otherwise.
-    """
-    if top is not None and (not isinstance(top, int) or top < 1):
-        raise SpecDecError(f"pld_top_heads must be a positive integer, got {top!r}")
-    key = None
-    if model is not None:
-        emb = model.get_input_embeddings().weight
-        key = (str(Path(path).resolve()), id(model), emb.data_ptr(), top)
-        if key in _READ_CACHE:
-            return _READ_CACHE[key]
-    doc = load_heads_doc(path)
-    pairs = [(int(e["layer"]), int(e["head"])) for e in doc["heads"]]
-    if model is not None:
-        from ..target import check_fingerprint
-
-        check_fingerprint(doc.get("target", {}), model, what=f"heads file {path}")
-        cfg = model.config.get_text_config()
-        for layer, head in pairs:
-            if not 0 <= layer < cfg.num_hidden_layers or not 0 <= head < cfg.num_attention_heads:
-                raise SpecDecError(
-                    f"heads file {path}: head (layer {layer}, head {head}) does not exist in this model "
-                    f"({cfg.num_hidden_layers} layers x {cfg.num_attention_heads} heads); regenerate it for this model"
-                )
-    pairs = pairs[:top] if top is not None else pairs
-    if key is not None:
-        _READ_CACHE[key] = pairs
-    return pairs
-
-
-def default_heads_file(model) -> Path:
-    """The shipped heads file when ``model`` is the default target; otherwise an error that says what to run."""
-    from ..target import target_fingerprint
-
-    if DEFAULT_HEADS_FILE.is_file():
-        shipped = load_heads_doc(DEFAULT_HEADS_FILE).get("target", {})
-        actual = target_fingerprint(model)
-        keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
-        if all(shipped.get(k) == actual[k] for k in keys):
-            return DEFAULT_HEADS_FILE
-    raise SpecDecError(
-        "PLD+(a) needs the induction heads of this model: run `hf-specdec find-heads --model PATH --out heads.json` "
-        "and pass pld_heads='heads.json' (only the default target's file is shipped)"
-    )
 
 
 # ------------------------------------------------------------------------------------------------------ CLI

@@ -166,7 +166,7 @@ def run(args) -> int:
     from ..target import greedy_output, load_target
     from ..tasks import load_task
     from .attention_capture import capture_selected_attention
-    from .induction_heads import default_heads_file, read_heads_file
+    from .heads_file import default_heads_file, read_heads_file
 
     model, tokenizer = load_target(args.model, args.dtype)
     ds = load_task(args.task, tokenizer, args.limit)

@@ -1,0 +1,133 @@
+"""The Hub metadata of a drafter's model card (``huggingface_hub.ModelCardData``) and its runnable usage snippet.
+
+The card's YAML names the target as ``base_model`` (so the Hub lists the drafter under its target), the
+training data as ``datasets``, ``pipeline_tag: text-generation``, and the measured figures of ``model_card.json``
+as ``model-index`` results (held-out ShareGPT validation, and the quick greedy measurement on mt-bench prompts when
+the run made one); the command that made them is the ``hf_specdec.command`` field. Nothing is measured here.
+
+``library_name: hf_specdec``, not ``transformers``: the Hub's ``transformers`` snippet
+(``AutoModelForCausalLM.from_pretrained(repo)`` / a pipeline) cannot work for a drafter, which needs
+``import hf_specdec`` (it registers the drafter classes) and its target (``target=``); a library the Hub has no
+snippet for leaves the card's own snippet (:func:`usage_snippet`) as the one users see. The ``transformers`` tag
+keeps the drafter under the Hub's transformers filter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from hf_specdec.errors import SpecDecError
+from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
+from hf_specdec.tasks import SHAREGPT_HUB_ID
+
+HUB_IDS = {DEFAULT_TARGET_NAME: DEFAULT_TARGET_HUB_ID}
+METHOD_TAGS = {"glide": ["glide", "cape"], "edd": ["edd", "pct"]}
+NOT_METRICS = {
+    "epoch",
+    "tokens",
+    "runtime",
+    "samples_per_second",
+    "steps_per_second",
+    "prompts",
+    "max_new_tokens",
+}
+
+
+def base_model_id(target: dict) -> str | None:
+    """The target's Hub id: recorded (``hub_id``) or known from its recorded name; None when neither."""
+    return target.get("hub_id") or HUB_IDS.get(target.get("name", ""))
+
+
+def usage_snippet(kind: str, folder: str | Path) -> list[str]:
+    """A fenced python block that runs as written from where ``folder`` is reachable: load the default target, the
+    drafter through ``AutoModelForCausalLM``, and generate greedily with it (and with PCT trees for EDD)."""
+    if kind not in METHOD_TAGS:
+        raise SpecDecError(f"no usage snippet for drafter kind {kind!r}; known: {', '.join(METHOD_TAGS)}")
+    edd = kind == "edd"
+    lines = [
+        "```python",
+        "import hf_specdec  # registers the drafters with transformers' Auto classes",
+        "from transformers import AutoModelForCausalLM",
+        *(["from hf_specdec.edd import EddTreeProposer"] if edd else []),
+        "",
+        'target, tokenizer = hf_specdec.load_default_target("fp32")',
+        f'drafter = AutoModelForCausalLM.from_pretrained("{folder}", target=target)',
+        'messages = [{"role": "user", "content": "Name three uses of a hash map."}]',
+        "inputs = tokenizer.apply_chat_template(",
+        '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
+        ")",
+        "out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=24, do_sample=False)  # chain drafts",
+    ]
+    if edd:
+        lines += [
+            "tree = target.generate(  # token trees (PCT)",
+            '    **inputs, custom_generate=hf_specdec.tree_generate, proposer=EddTreeProposer(drafter, "pct"),',
+            "    max_new_tokens=24, do_sample=False,",
+            ")",
+        ]
+    lines += ['print(tokenizer.decode(out[0, inputs["input_ids"].shape[1] :]))', "```"]
+    return lines
+
+
+def _results(values: dict, dataset: str, name: str, split: str | None) -> list[EvalResult]:
+    return [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type=dataset,
+            dataset_name=name,
+            dataset_split=split,
+            metric_type=key,
+            metric_name=key,
+            metric_value=value,
+        )
+        for key, value in values.items()
+        if key not in NOT_METRICS and isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+
+
+def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
+    """The YAML metadata of a drafter's card from its ``model_card.json`` ``info`` (module docstring)."""
+    base = base_model_id(info["target"])
+    if base is None:
+        print(
+            f"model card: target {info['target'].get('name')!r} has no known Hub id, so no base_model is set"
+        )
+    results = _results(
+        info.get("validation", {}), "sharegpt", "ShareGPT (held-out validation blocks)", "validation"
+    )
+    measured = info.get("measured") or {}
+    if measured:
+        name = f"mt-bench, first {measured.get('prompts')} prompts, greedy, {measured.get('max_new_tokens')} new tokens"
+        results += _results(measured, "mt-bench", name, None)
+    return ModelCardData(
+        base_model=base,
+        library_name="hf_specdec",
+        pipeline_tag="text-generation",
+        tags=["hf_specdec", "speculative-decoding", "draft-model", *METHOD_TAGS[kind], "transformers"],
+        datasets=[SHAREGPT_HUB_ID] if str(info.get("data", "")).startswith("ShareGPT") else None,
+        model_name=title,
+        eval_results=results or None,
+        hf_specdec={"method": kind, "target": info["target"], "command": info.get("command", "")},
+    )
+
+
+def refresh_card(folder: str | Path, kind: str, snippet_folder: str | Path | None = None) -> Path:
+    """Rewrite ``folder/README.md`` as a Hub card: the metadata from ``model_card.json``, today's body with its
+    usage block replaced by :func:`usage_snippet` (for ``snippet_folder``, default ``folder``); returns its path."""
+    folder = Path(folder)
+    info = json.loads((folder / "model_card.json").read_text())
+    readme = folder / "README.md"
+    body = ModelCard(readme.read_text()).text if readme.is_file() else ""
+    start = body.find("```python")
+    end = body.find("```", start + 3) if start >= 0 else -1
+    if end < 0:
+        raise SpecDecError(f"{readme} has no ```python usage block to refresh")
+    snippet = "\n".join(usage_snippet(kind, snippet_folder or folder))
+    body = body[:start] + snippet + body[end + 3 :]
+    title = body.lstrip().splitlines()[0].lstrip("# ").strip()
+    card = ModelCard(f"---\n{drafter_card_data(info, kind, title).to_yaml()}\n---\n{body.lstrip()}")
+    card.save(readme)
+    return readme
