@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {
     "glide": ROOT / "hf_specdec/resources/glide-smollm2",
     "edd": ROOT / "hf_specdec/resources/edd-smollm2",
+    "vanilla": ROOT / "hf_specdec/resources/vanilla-smollm2",  # GLIDE without cross-attention (§5.2 ablation)
 }
+DRAFTER_KIND = {"glide": "glide", "edd": "edd", "vanilla": "glide"}
+TAG = {"glide": "glide", "edd": "edd", "vanilla": "vanilla-draft"}
 
 
 def snippet(readme: Path) -> str:
@@ -36,14 +39,15 @@ def test_shipped_card_metadata(kind, tmp_path):
     info = json.loads((folder / "model_card.json").read_text())
     assert data.base_model == DEFAULT_TARGET_HUB_ID
     assert data.library_name == "hf_specdec" and data.pipeline_tag == "text-generation"
-    assert {"speculative-decoding", kind}.issubset(data.tags)
+    assert {"speculative-decoding", TAG[kind]}.issubset(data.tags)
+    assert kind != "vanilla" or "glide" not in data.tags
     assert data.datasets == ["anon8231489123/ShareGPT_Vicuna_unfiltered"]
     figures = {(r.dataset_split, r.metric_type): r.metric_value for r in data.eval_results}
     assert figures[("validation", "top1_match")] == info["validation"]["top1_match"]
     assert data.hf_specdec["command"] == info["command"] and data.hf_specdec["target"] == info["target"]
     # the shipped card is what the card writer makes of its model_card.json (kept in sync)
     copy = shutil.copytree(folder, tmp_path / folder.name, ignore=shutil.ignore_patterns("*.safetensors"))
-    refresh_card(copy, kind, f"hf_specdec/resources/{folder.name}")
+    refresh_card(copy, DRAFTER_KIND[kind], f"hf_specdec/resources/{folder.name}")
     assert (copy / "README.md").read_text() == (folder / "README.md").read_text()
 
 

@@ -98,6 +98,9 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
     results = _results(
         info.get("validation", {}), "sharegpt", "ShareGPT (held-out validation blocks)", "validation"
     )
+    method_tags = METHOD_TAGS[kind]
+    if kind == "glide" and info.get("cross_attention") is False:  # the paper's ablation drafter (§5.2)
+        method_tags = ["vanilla-draft"]
     measured = info.get("measured") or {}
     if measured:
         name = f"mt-bench, first {measured.get('prompts')} prompts, greedy, {measured.get('max_new_tokens')} new tokens"
@@ -106,7 +109,7 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
         base_model=base,
         library_name="hf_specdec",
         pipeline_tag="text-generation",
-        tags=["hf_specdec", "speculative-decoding", "draft-model", *METHOD_TAGS[kind], "transformers"],
+        tags=["hf_specdec", "speculative-decoding", "draft-model", *method_tags, "transformers"],
         datasets=[SHAREGPT_HUB_ID] if str(info.get("data", "")).startswith("ShareGPT") else None,
         model_name=title,
         eval_results=results or None,
