@@ -68,7 +68,7 @@ def test_candidate_generator_hook(monkeypatch):
     calls = []
 
     def spy(self, *args, **kwargs):
-        calls.append(assisted._get_candidate_generator(self, *args, **kwargs))
+        calls.append(assisted._select_candidate_generator(self, *args, **kwargs))
         return calls[-1]
 
     monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", spy)
@@ -154,7 +154,7 @@ def test_hook_passes_every_argument_through(monkeypatch):
         hf_compat, "ORIGINAL_GET_CANDIDATE_GENERATOR", lambda self, *a, **kw: seen.append((a, kw))
     )
     model = tiny_llama()
-    assisted._get_candidate_generator(
+    assisted._select_candidate_generator(
         model, "cfg", input_ids=1, assistant_model=None, added_in_a_future_release=2
     )
     assert seen == [(("cfg",), {"input_ids": 1, "assistant_model": None, "added_in_a_future_release": 2})]

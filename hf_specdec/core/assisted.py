@@ -27,7 +27,7 @@ from .generate_io import check_prompt
 run_assisted_decoding = hf_compat.assisted_decoding
 
 
-def _get_candidate_generator(self, *args, **kwargs):
+def _select_candidate_generator(self, *args, **kwargs):
     arguments = hf_compat.candidate_generator_arguments(self, args, kwargs)
     assistant = arguments.get("assistant_model")
     factory = getattr(assistant, "make_candidate_generator", None)
@@ -51,8 +51,8 @@ def _get_candidate_generator(self, *args, **kwargs):
 
 def install() -> None:
     """Route assistants with ``make_candidate_generator`` to their own generator (idempotent)."""
-    hf_compat.set_candidate_generator_hook(_get_candidate_generator)
+    hf_compat.set_candidate_generator_hook(_select_candidate_generator)
 
 
 def installed() -> bool:
-    return hf_compat.candidate_generator_hook() is _get_candidate_generator
+    return hf_compat.candidate_generator_hook() is _select_candidate_generator
