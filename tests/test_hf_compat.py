@@ -149,15 +149,19 @@ def test_llama_modules():
 
 # ------------------------------------------------------------------ the assisted hook
 def test_hook_passes_every_argument_through(monkeypatch):
+    """A transformers release that adds a parameter: the hook binds to its signature and passes the call on as is."""
     seen = []
-    monkeypatch.setattr(
-        hf_compat, "ORIGINAL_GET_CANDIDATE_GENERATOR", lambda self, *a, **kw: seen.append((a, kw))
-    )
-    model = tiny_llama()
+
+    def future(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+               assistant_model=None, added_in_a_future_release=None):  # fmt: skip
+        seen.append((generation_config, input_ids, added_in_a_future_release))
+
+    monkeypatch.setattr(hf_compat, "ORIGINAL_GET_CANDIDATE_GENERATOR", future)
+    monkeypatch.setattr(assisted, "ORIGINAL_GET_CANDIDATE_GENERATOR", future)
     assisted._select_candidate_generator(
-        model, "cfg", input_ids=1, assistant_model=None, added_in_a_future_release=2
+        tiny_llama(), "cfg", 1, None, None, {}, assistant_model=None, added_in_a_future_release=2
     )
-    assert seen == [(("cfg",), {"input_ids": 1, "assistant_model": None, "added_in_a_future_release": 2})]
+    assert seen == [("cfg", 1, 2)]
 
 
 def test_our_drafter_without_our_generator_raises(monkeypatch):

@@ -20,19 +20,25 @@ speculative sampling) and cache cropping stay transformers' own, hence lossless.
 
 from __future__ import annotations
 
-from .. import hf_compat
 from ..errors import SpecDecError
+from ..hf_compat import (
+    ORIGINAL_GET_CANDIDATE_GENERATOR,
+    assisted_decoding,
+    candidate_generator_arguments,
+    candidate_generator_hook,
+    set_candidate_generator_hook,
+)
 from .generate_io import check_prompt
 
-run_assisted_decoding = hf_compat.assisted_decoding
+run_assisted_decoding = assisted_decoding
 
 
 def _select_candidate_generator(self, *args, **kwargs):
-    arguments = hf_compat.candidate_generator_arguments(self, args, kwargs)
+    arguments = candidate_generator_arguments(self, args, kwargs)
     assistant = arguments.get("assistant_model")
     factory = getattr(assistant, "make_candidate_generator", None)
     if not callable(factory):
-        return hf_compat.ORIGINAL_GET_CANDIDATE_GENERATOR(self, *args, **kwargs)
+        return ORIGINAL_GET_CANDIDATE_GENERATOR(self, *args, **kwargs)
     config = arguments["generation_config"]
     if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
         raise SpecDecError(
@@ -51,8 +57,8 @@ def _select_candidate_generator(self, *args, **kwargs):
 
 def install() -> None:
     """Route assistants with ``make_candidate_generator`` to their own generator (idempotent)."""
-    hf_compat.set_candidate_generator_hook(_select_candidate_generator)
+    set_candidate_generator_hook(_select_candidate_generator)
 
 
 def installed() -> bool:
-    return hf_compat.candidate_generator_hook() is _select_candidate_generator
+    return candidate_generator_hook() is _select_candidate_generator
