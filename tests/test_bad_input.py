@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_specdec.modeling import EddConfig, EddForCausalLM, GlideConfig, GlideForCausalLM
 from transformers import AutoModelForCausalLM
 
 import hf_specdec
@@ -12,8 +13,6 @@ from hf_specdec.bench.tree_methods import NGramTreeProposer
 from hf_specdec.cli import main
 from hf_specdec.errors import SpecDecError
 from hf_specdec.target import load_target
-from modeling.edd import EddConfig, EddForCausalLM
-from modeling.glide import GlideConfig, GlideForCausalLM
 
 from .conftest import tiny_llama
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerationMixin
 
@@ -19,7 +20,6 @@ from hf_specdec.core import assisted
 from hf_specdec.errors import SpecDecError
 from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
 from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
-from modeling.glide import GlideConfig, GlideForCausalLM
 
 from .conftest import tiny_llama
 

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import torch
+from hf_specdec.modeling import EddConfig, EddForCausalLM
 
 import hf_specdec
 from hf_specdec.core import timing
 from hf_specdec.core.tree_decoding import tree_generate
 from hf_specdec.core.verify_cost import forward_times
 from hf_specdec.edd.tree_proposer import EddTreeProposer
-from modeling.edd import EddConfig, EddForCausalLM
 
 from .conftest import tiny_llama
 
