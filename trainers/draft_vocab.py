@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from hf_specdec.core.timing import device_of, median_seconds
 from hf_specdec.errors import SpecDecError
 
 
@@ -35,23 +35,12 @@ def expected_tokens(a: float, gamma: int) -> float:
 
 
 @torch.no_grad()
-def _median_seconds(fn, repeats: int = 20) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return sorted(samples)[len(samples) // 2]
-
-
-@torch.no_grad()
 def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> dict[int, float]:
     """``c(V)`` for each V: the drafter's forward over one token (after ``context`` target tokens) plus a V-row head,
     over the target's one-token forward after the same context, both timed here (median of 20)."""
     from transformers import DynamicCache
 
-    device = next(target.parameters()).device
+    device = device_of(target)
     ids = torch.randint(3, target.config.vocab_size, (1, context + 1), device=device)
     cache = DynamicCache(config=target.config)
     out = target.base_model(
@@ -62,12 +51,12 @@ def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> d
         target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)
         cache.crop(-1)
 
-    t_target = _median_seconds(target_step)
+    t_target = median_seconds(target_step, device)
     step_context = drafter.context_from_features(
         {k: v[..., -1:, :] for k, v in drafter.features_from_target(out).items()}, ids[:, -1:]
     )
-    t_layer = _median_seconds(
-        lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context)
+    t_layer = median_seconds(
+        lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context), device
     )
     head = target.get_output_embeddings().weight
     hidden = torch.randn(1, head.shape[1], dtype=head.dtype, device=device)
@@ -76,7 +65,7 @@ def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> d
     for v in sizes:
         rows = head[: v or whole].contiguous()
         costs[v] = (
-            t_layer + _median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows))
+            t_layer + median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows), device)
         ) / t_target
     return costs
 

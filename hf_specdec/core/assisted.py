@@ -1,95 +1,64 @@
-"""The one place that touches transformers internals: choosing the ``CandidateGenerator`` of the assisted loop.
+"""The assisted loop's candidate generator: GLIDE/EDD drafters as ``assistant_model`` bring their own.
 
-Two entry points, both only redirect ``GenerationMixin._get_candidate_generator``:
+``target.generate(**inputs, assistant_model=drafter)`` runs transformers' assisted loop, which asks one
+``GenerationMixin`` method for a candidate generator (``hf_compat.candidate_generator_hook``). transformers already
+picks special generators by assistant type (Gemma-4 assistants, DFlash); drafters that read the target's state
+(GLIDE reads the target's KV cache) need the same. ``install()`` (on ``import hf_specdec``) wraps that one method:
+when the assistant defines ``make_candidate_generator(target=...,
+generation_config=..., logits_processor=..., input_ids=..., model_kwargs=...)``, its generator is used; every other
+call goes to transformers unchanged, with every argument passed through as given.
 
-- ``install()`` (on ``import hf_specdec``): an ``assistant_model`` may supply its own generator (below).
-- ``run_assisted_decoding(model, generator, ...)``: a ``custom_generate`` loop (PLD+) runs transformers'
-  ``_assisted_decoding`` with a generator it built itself.
+No silent fallback: if transformers stops asking this method (selection moved), an hf_specdec drafter reaches
+transformers' generic generator, which calls ``drafter.generate``; that raises a ``SpecDecError``
+(``modeling/attached.py``) instead of drafting with the wrong method.
 
-Let an ``assistant_model`` supply its own ``CandidateGenerator``.
-
-``target.generate(**inputs, assistant_model=drafter)`` runs transformers' ``_assisted_decoding`` loop, which
-asks ``GenerationMixin._get_candidate_generator`` for a candidate generator. transformers already picks
-special generators by assistant type (Gemma-4 assistants, DFlash); drafters that read the target's state
-(GLIDE reads the target's KV cache) need the same. We wrap that one method: when the assistant defines
-``make_candidate_generator(target=..., generation_config=..., logits_processor=..., input_ids=...,
-model_kwargs=...)``, its generator is used; everything else goes to transformers unchanged.
-
-The generator it returns sets ``requires_model_outputs = True``, so the loop hands it ``model_kwargs`` (with the
-target's ``past_key_values``, cropped to the verified prefix) on every call. Verification, acceptance
-(greedy match or speculative sampling) and cache cropping stay transformers' own, hence lossless.
-Installed on ``import hf_specdec``; idempotent.
+The generator sets ``requires_model_outputs = True``, so the loop hands it ``model_kwargs`` (with the target's
+``past_key_values``, cropped to the verified prefix) on every call. Verification, acceptance (greedy match or
+speculative sampling) and cache cropping stay transformers' own, hence lossless. ``run_assisted_decoding``: a
+``custom_generate`` loop (PLD+) runs the same loop with a generator it built itself.
 """
 
 from __future__ import annotations
 
-from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.utils import GenerationMixin
-
 from ..errors import SpecDecError
+from ..hf_compat import (
+    ORIGINAL_GET_CANDIDATE_GENERATOR,
+    assisted_decoding,
+    candidate_generator_arguments,
+    candidate_generator_hook,
+    set_candidate_generator_hook,
+)
+from .generate_io import check_prompt
 
-_ORIGINAL = GenerationMixin._get_candidate_generator
+run_assisted_decoding = assisted_decoding
 
 
-def _get_candidate_generator(
-    self,
-    generation_config,
-    input_ids,
-    inputs_tensor,
-    logits_processor,
-    model_kwargs,
-    assistant_model=None,
-    target_tokenizer=None,
-    assistant_tokenizer=None,
-):
-    factory = getattr(assistant_model, "make_candidate_generator", None)
-    if (
-        callable(factory)
-        and generation_config.prompt_lookup_num_tokens is None
-        and generation_config.assistant_early_exit is None
-    ):
-        return factory(
-            target=self,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            input_ids=input_ids,
-            model_kwargs=model_kwargs,
+def _select_candidate_generator(self, *args, **kwargs):
+    arguments = candidate_generator_arguments(self, args, kwargs)
+    assistant = arguments.get("assistant_model")
+    factory = getattr(assistant, "make_candidate_generator", None)
+    if not callable(factory):
+        return ORIGINAL_GET_CANDIDATE_GENERATOR(self, *args, **kwargs)
+    config = arguments["generation_config"]
+    if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+        raise SpecDecError(
+            f"assistant_model={type(assistant).__name__} drafts with its own candidate generator; drop "
+            "prompt_lookup_num_tokens / assistant_early_exit (they select transformers' generators instead)"
         )
-    return _ORIGINAL(
-        self,
-        generation_config=generation_config,
-        input_ids=input_ids,
-        inputs_tensor=inputs_tensor,
-        logits_processor=logits_processor,
-        model_kwargs=model_kwargs,
-        assistant_model=assistant_model,
-        target_tokenizer=target_tokenizer,
-        assistant_tokenizer=assistant_tokenizer,
+    check_prompt(arguments["input_ids"], f"assistant_model={type(assistant).__name__}")
+    return factory(
+        target=self,
+        generation_config=config,
+        logits_processor=arguments["logits_processor"],
+        input_ids=arguments["input_ids"],
+        model_kwargs=arguments["model_kwargs"],
     )
-
-
-def run_assisted_decoding(model, generator: CandidateGenerator, *args, **kwargs):
-    """Run transformers' own ``_assisted_decoding`` loop with ``generator`` as its candidate generator.
-
-    For ``custom_generate`` loops that bring their own generator (PLD+): ``_assisted_decoding`` builds its
-    generator with ``self._get_candidate_generator(...)`` and takes none as an argument, so for the duration of
-    the call the model *instance* answers that method with ``generator`` (an instance attribute, removed
-    afterwards; the class and other models are untouched). Verification, acceptance and cache cropping stay
-    transformers' own.
-    """
-    if "_get_candidate_generator" in vars(model):
-        raise SpecDecError("PLD+ generate is already running on this model (re-entrant call)")
-    model._get_candidate_generator = lambda **_: generator
-    try:
-        return model._assisted_decoding(*args, **kwargs)
-    finally:
-        del model._get_candidate_generator
 
 
 def install() -> None:
     """Route assistants with ``make_candidate_generator`` to their own generator (idempotent)."""
-    GenerationMixin._get_candidate_generator = _get_candidate_generator
+    set_candidate_generator_hook(_select_candidate_generator)
 
 
 def installed() -> bool:
-    return GenerationMixin._get_candidate_generator is _get_candidate_generator
+    return candidate_generator_hook() is _select_candidate_generator

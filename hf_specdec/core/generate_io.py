@@ -14,6 +14,7 @@ does with its own. The older per-method keywords (``tree_streamer=``, ``pld_stre
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from transformers.generation import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
+from ..hf_compat import attn_implementation
 from .kv_cache import check_cache_supported
 from .stats import DecodeStats
 
@@ -33,16 +35,26 @@ NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
 STREAMER_KEYWORD = "specdec_streamer"
 
 
+def check_prompt(input_ids: torch.Tensor, name: str) -> None:
+    """Every entry point's prompt check (``name`` says which): batch size 1 and at least one token."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise SpecDecError(
+            f"{name} supports batch size 1 only (input_ids of shape {tuple(input_ids.shape)}); loop over the prompts"
+        )
+    if input_ids.shape[1] == 0:
+        raise SpecDecError(
+            f"{name} got an empty prompt (input_ids of shape {tuple(input_ids.shape)}); pass at least one token "
+            "(e.g. the chat template's generation prompt, or the BOS token)"
+        )
+
+
 def check_inputs(model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus: bool, name: str) -> None:
     """What a loop that verifies drafts with a custom 4D attention mask needs (``name`` says which loop):
-    batch size 1, a decoder-only model, ``sdpa`` or ``eager`` attention, no padding, no ``synced_gpus``."""
-    if input_ids.shape[0] != 1:
-        raise SpecDecError(
-            f"{name} supports batch size 1 only (got {input_ids.shape[0]}); loop over the prompts"
-        )
+    :func:`check_prompt`, a decoder-only model, ``sdpa`` or ``eager`` attention, no padding, no ``synced_gpus``."""
+    check_prompt(input_ids, name)
     if model.config.is_encoder_decoder:
         raise SpecDecError(f"{name} supports decoder-only models only")
-    impl = model.config._attn_implementation
+    impl = attn_implementation(model)
     if impl not in SUPPORTED_ATTENTION:
         raise SpecDecError(
             f"{name} needs a custom 4D attention mask, which attn_implementation={impl!r} cannot "
@@ -71,11 +83,9 @@ def stopping_criteria_or_default(
 
 
 def eos_token_ids(generation_config: GenerationConfig) -> list[int]:
-    """The EOS ids of a generation: those ``generate`` resolved for this call (``_eos_token_tensor``, set by
-    ``generate`` on the config it passes), else the config's ``eos_token_id``; empty when there are none."""
-    eos = getattr(generation_config, "_eos_token_tensor", None)
-    if eos is None:
-        eos = generation_config.eos_token_id
+    """The EOS ids of a generation: the config's ``eos_token_id`` (an id, a list or a tensor; ``generate`` resolves
+    it on the config it passes, from its arguments and the model's generation config); empty when there are none."""
+    eos = generation_config.eos_token_id
     return [] if eos is None else [int(t) for t in torch.as_tensor(eos).flatten().tolist()]
 
 
@@ -93,7 +103,7 @@ def prepare_cache(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[C
 
 def logits_to_keep(model, rows: int) -> dict:
     """``{"logits_to_keep": rows}`` for a model that supports it (the lm head then runs on the last rows only)."""
-    return {"logits_to_keep": rows} if model._supports_logits_to_keep() else {}
+    return {"logits_to_keep": rows} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def resolve_streamer(input_ids: torch.Tensor, streamer, specdec_streamer, **deprecated):

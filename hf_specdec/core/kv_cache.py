@@ -17,9 +17,10 @@ any cache) instead of corrupting a sliding-window layer. Static, quantized, offl
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from ..errors import SpecDecError
+from ..hf_compat import CACHE_LAYER_TYPES, set_layer_entries
 
 
 def _layers(cache: Cache) -> list:
@@ -35,7 +36,7 @@ def _layers(cache: Cache) -> list:
 def check_cache_supported(cache: Cache) -> None:
     """Raise a clear error for cache layers whose entries cannot be gathered to a tree path."""
     for i, layer in enumerate(_layers(cache)):
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+        if type(layer) not in CACHE_LAYER_TYPES:
             raise SpecDecError(
                 f"cache layer {i} is a {type(layer).__name__}, which cannot be compacted to an accepted tree "
                 "path; use the default dynamic cache (cache_implementation='dynamic', no quantized/static/"
@@ -67,7 +68,7 @@ def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[in
     for layer in _layers(cache):
         if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
             continue
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+        if type(layer) not in CACHE_LAYER_TYPES:
             check_cache_supported(cache)
         length = layer.keys.shape[-2]
         if isinstance(layer, DynamicSlidingWindowLayer) and length != layer.get_seq_length():
@@ -79,11 +80,9 @@ def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[in
             raise SpecDecError(
                 f"compact_cache: offset {int(keep[-1])} after prefix {prefix_length} is past the cache end {length}"
             )
+        keys, values = layer.keys, layer.values
         if not contiguous:
-            idx = (prefix_length + keep).to(layer.keys.device)
-            layer.keys[..., prefix_length : prefix_length + m, :] = layer.keys.index_select(-2, idx)
-            layer.values[..., prefix_length : prefix_length + m, :] = layer.values.index_select(-2, idx)
-        layer.keys = layer.keys[..., : prefix_length + m, :]
-        layer.values = layer.values[..., : prefix_length + m, :]
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            layer.cumulative_length = prefix_length + m
+            idx = (prefix_length + keep).to(keys.device)
+            keys[..., prefix_length : prefix_length + m, :] = keys.index_select(-2, idx)
+            values[..., prefix_length : prefix_length + m, :] = values.index_select(-2, idx)
+        set_layer_entries(layer, keys[..., : prefix_length + m, :], values[..., : prefix_length + m, :])

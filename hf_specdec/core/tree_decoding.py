@@ -94,7 +94,7 @@ class TreeProposer:
 
 def _gather_attentions(attentions, prefix_length: int, keep: torch.Tensor):
     """Rows ``keep`` and columns ``prefix + keep`` of each layer's attention map (the compacted view)."""
-    cols = torch.cat([torch.arange(prefix_length), prefix_length + keep])
+    cols = torch.cat([torch.arange(prefix_length, device=keep.device), prefix_length + keep])
     return tuple(a[:, :, keep.to(a.device)][..., cols.to(a.device)] for a in attentions)
 
 
@@ -175,7 +175,11 @@ def tree_generate(
         m = input_ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
         # fed rows that stay in the sequence: the ones before the root (prefill), the root, the accepted nodes
         root = fed.shape[1] - 1 - n
-        keep = torch.tensor([*range(root + 1), *(root + 1 + c for c in acc.nodes[: m - 1])], dtype=torch.long)
+        keep = torch.tensor(
+            [*range(root + 1), *(root + 1 + c for c in acc.nodes[: m - 1])],
+            dtype=torch.long,
+            device=input_ids.device,
+        )
         if n:
             compact_cache(cache, prefix, keep)
         outputs.add(acc.scores[:m], logits[(keep[-m:] - root).to(logits.device)])

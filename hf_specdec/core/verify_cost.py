@@ -10,9 +10,9 @@ model object, so later ``generate`` calls reuse it.
 
 from __future__ import annotations
 
-import time
-
 import torch
+
+from .timing import clock, device_of
 
 SIZES = (
     1,
@@ -29,7 +29,7 @@ def forward_times(model, context: torch.Tensor, sizes: list[int] | tuple[int, ..
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    device = next(model.parameters()).device
+    device = device_of(model)
     context = context.to(device)
     model(context[None], past_key_values=cache, logits_to_keep=1)
     times = {}
@@ -37,9 +37,9 @@ def forward_times(model, context: torch.Tensor, sizes: list[int] | tuple[int, ..
         samples = []
         for _ in range(repeats):
             x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
-            t0 = time.perf_counter()
+            t0 = clock(device)
             model(x, past_key_values=cache, logits_to_keep=q)
-            samples.append(time.perf_counter() - t0)
+            samples.append(clock(device) - t0)
             cache.crop(-q)
         times[q] = sorted(samples)[len(samples) // 2]
     return times

@@ -28,7 +28,6 @@ distribution at each listed node (``-1`` = the root, the last committed token), 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -221,9 +220,3 @@ class StepTimer:
         if self.s_d is None or not self.s_t:
             return self.initial_ratio
         return self.s_d / self.s_t
-
-
-def timed(fn, *args, **kwargs) -> tuple[object, float]:
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0

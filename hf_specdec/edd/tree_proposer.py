@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
+from ..core.timing import clock, device_of
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer
 from ..errors import SpecDecError
@@ -44,7 +43,7 @@ class EddTreeExpander:
         self.temperature = temperature or getattr(state.edd.config, "confidence_temperature", 1.0)
 
     def expand(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = clock(self.input_ids.device)
         if nodes == [ROOT]:
             hidden = self.state.root_step(self.input_ids)
         else:
@@ -52,7 +51,7 @@ class EddTreeExpander:
         edd = self.state.edd
         probs = (edd.draft_logits(hidden).float() / self.temperature).softmax(-1)
         if self.timer is not None:
-            self.timer.draft(time.perf_counter() - t0)
+            self.timer.draft(clock(self.input_ids.device) - t0)
         return probs
 
 
@@ -113,15 +112,15 @@ class EddTreeProposer(TreeProposer):
         """First estimates of s_d and s_t on this machine: timed forwards over a short slice of the prompt."""
         ids = input_ids[:, -8:]
         model(input_ids=ids)  # warm-up
-        t0 = time.perf_counter()
+        t0 = clock(ids.device)
         model(input_ids=ids)
-        s_t = time.perf_counter() - t0
+        s_t = clock(ids.device) - t0
         state = EddDraftState(self.edd)
         state.push_hidden(self.edd.embed(ids[:, :-1]))
         state.root_step(ids)  # warm-up
-        t0 = time.perf_counter()
+        t0 = clock(ids.device)
         self.edd.draft_logits(state.chain_step(ids[:, -1:], ids.shape[1])).softmax(-1)
-        s_d = time.perf_counter() - t0
+        s_d = clock(ids.device) - t0
         self.timer.calibrate(s_d, s_t)
         self.calibrated = True
 
@@ -135,7 +134,7 @@ class EddTreeProposer(TreeProposer):
 
     def observe(self, feedback: StepFeedback) -> None:
         if self._t_proposed is not None:
-            self.timer.target(time.perf_counter() - self._t_proposed)
+            self.timer.target(clock(device_of(self.edd)) - self._t_proposed)
             self._t_proposed = None
         if self.state.soft_prompt:
             self.state.push_hidden(feedback.hidden_states[self.edd.config.encoder_layer])
@@ -144,11 +143,11 @@ class EddTreeProposer(TreeProposer):
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         depth = min(self.depth, max_depth)
         if depth <= 0:
-            self._t_proposed = time.perf_counter()
+            self._t_proposed = clock(input_ids.device)
             return TokenTree.empty(input_ids.device)
         grown = self.grow(self.expander(self.state, input_ids, self.timer), depth)
         self.last_tree = grown
-        self._t_proposed = time.perf_counter()
+        self._t_proposed = clock(input_ids.device)
         return grown.token_tree(input_ids.device)
 
     def expander(

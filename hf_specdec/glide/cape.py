@@ -52,7 +52,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ..core.chain_drafting import DEFAULT_GAMMA
-from ..core.generate_io import eos_token_ids
+from ..core.generate_io import check_prompt, eos_token_ids
 from ..core.stats import DecodeStats
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
@@ -262,6 +262,7 @@ def glide_cape(
             "glide_cape needs a GLIDE drafter: target.generate(..., custom_generate=hf_specdec.glide_cape, "
             "drafter=GlideForCausalLM.from_pretrained(path, target=target))"
         )
+    check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape")
     proposer = CapeProposer(
         drafter,
         gamma=cape_gamma,

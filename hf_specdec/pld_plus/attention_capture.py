@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecDecError
+from ..hf_compat import attn_implementation
 
 
 @dataclass
@@ -57,7 +58,7 @@ def _selected_weights(
 def _make_attention(base: str):
     from transformers import AttentionInterface
 
-    base_fn = AttentionInterface._global_mapping[base]
+    base_fn = AttentionInterface()[base]
 
     def _attention_with_selected_weights(module, query, key, value, attention_mask, **kwargs):
         """The model's own ``base`` attention for the output, plus the selected heads' weights (or ``None``)."""
@@ -71,13 +72,14 @@ def _make_attention(base: str):
 def _register_wrapper(base: str) -> str:
     """Register ``pld_plus|<base>`` (attention and mask functions) once; returns its name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     name = _WRAPPER_PREFIX + base
-    if name not in AttentionInterface._global_mapping:
+    if name not in AttentionInterface():
         AttentionInterface.register(name, _make_attention(base))
-        if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[base])
+        masks = AttentionMaskInterface()
+        if base in masks:
+            AttentionMaskInterface.register(name, masks[base])
     return name
 
 
@@ -92,24 +94,29 @@ def capture_selected_attention(
     switched to ``pld_plus|X`` for the block: ``X`` itself computes the layer outputs (so generation is unchanged),
     and the selected heads' weights are computed next to it (yields ``True``: ``outputs.attentions`` holds one
     ``(1, len(heads), rows, keys)`` tensor per selected layer, in layer order).
+
+    The switch lives on ``model.config`` and is undone on every exit from the block, exceptions included; during
+    the block the model is switched for every caller, so two threads must not share a model while one is inside
+    (e.g. mid-``generate`` with PLD+(a)).
     """
     from transformers import AttentionInterface
 
-    base = model.config._attn_implementation
+    base = attn_implementation(model)
     if base == "eager":
         yield False
         return
     if base.startswith(_WRAPPER_PREFIX):
         raise SpecDecError("capture_selected_attention cannot be nested on the same model")
-    if base not in AttentionInterface._global_mapping:
+    if base not in AttentionInterface():
         raise SpecDecError(
             f"PLD+(a) cannot read attention weights from attn_implementation={base!r}; "
             "load the model with attn_implementation='sdpa' or 'eager'"
         )
     token = _CAPTURE.set(_Capture(heads_by_layer, last_rows))
-    model.set_attn_implementation(_register_wrapper(base))
     try:
+        model.set_attn_implementation(_register_wrapper(base))
         yield True
     finally:
-        model.set_attn_implementation(base)
+        if attn_implementation(model) != base:
+            model.set_attn_implementation(base)
         _CAPTURE.reset(token)

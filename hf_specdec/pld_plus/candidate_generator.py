@@ -46,7 +46,8 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         cost: the measured verification cost curve; with it ``K`` adapts per step (:class:`DraftLength`), without
             it every draft has ``K`` tokens.
         priors: :class:`DraftLength`'s prior hit rates (fresh occurrence, running copy) and continuation rate.
-        hidden_size / max_length: size the incremental hidden-state store (PLD+(h)).
+        hidden_size / max_length: size the incremental hidden-state store (PLD+(h)); ``device``: where it lives (the
+            model's; default CPU).
         layer: hidden-state index ``l`` (PLD+(h)).
         heads: ``{layer: head indices}`` of the induction heads (PLD+(a)).
         heads_only: ``True`` when ``outputs.attentions`` holds only the selected layers/heads (wrapper), ``False``
@@ -67,6 +68,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         heads: dict[int, torch.Tensor] | None = None,
         heads_only: bool = True,
         eos_token_id: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
         min_score: float | None = None,
         cost: CostCurve | None = None,
         priors: tuple[float, float, float] = DEFAULT_PRIORS,
@@ -90,7 +92,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             # all hidden states (references to tensors the forward computes anyway): the list form
             # (output_hidden_states=[l]) indexes differently across transformers releases (5.17-5.22: decoder layers)
             self.model_kwargs_overrides: dict[str, Any] = {"output_hidden_states": True}
-            self._states = torch.empty(max_length, hidden_size, dtype=torch.float32)
+            self._states = torch.empty(max_length, hidden_size, dtype=torch.float32, device=device)
         else:
             if not self.heads:
                 raise SpecDecError("PLD+(a) needs at least one induction head (a heads file, see find-heads)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..core.assisted import run_assisted_decoding
-from ..core.generate_io import eos_token_ids, resolve_streamer
+from ..core.generate_io import check_prompt, eos_token_ids, resolve_streamer
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
@@ -61,6 +61,10 @@ def pld_plus(
     Every ``generate`` argument works as usual (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``,
     ``return_dict_in_generate`` ...); batch size 1, like all of transformers' assisted decoding.
 
+    Threads: PLD+(a) on an ``sdpa`` model switches ``model.config``'s attention implementation to a capturing
+    wrapper for the call and restores it on every exit, exceptions included (``attention_capture.py``); two threads
+    must not share one model while one of them is inside this ``generate``.
+
     Args:
         pld_variant: ``"hidden"`` (PLD+(h), default) or ``"attention"`` (PLD+(a)).
         pld_num_tokens: a fixed ``K``, tokens drafted per step (the paper's §4.3). Default: adaptive, each step
@@ -85,8 +89,7 @@ def pld_plus(
     variant = VARIANTS.get(str(pld_variant).lower())
     if variant is None:
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
-    if input_ids.shape[0] != 1:
-        raise SpecDecError("PLD+ (like transformers' assisted decoding) generates for one sequence at a time")
+    check_prompt(input_ids, "custom_generate=hf_specdec.pld_plus")
     if pld_priors is not None and len(tuple(pld_priors)) != 3:
         raise SpecDecError(
             "pld_priors takes three probabilities: the hit rate of a fresh occurrence, of a running copy, and the "
@@ -102,7 +105,7 @@ def pld_plus(
     common = dict(
         num_draft_tokens=k,
         max_length=generation_config.max_length,
-        eos_token_id=torch.tensor(eos) if eos else None,
+        eos_token_id=torch.tensor(eos, device=input_ids.device) if eos else None,
         min_score=DEFAULT_MIN_SCORE[variant] if pld_min_score is None else float(pld_min_score),
         cost=cost,
         priors=DEFAULT_PRIORS if pld_priors is None else tuple(pld_priors),
@@ -112,6 +115,7 @@ def pld_plus(
             "hidden",
             layer=resolve_layer(model, pld_layer),
             hidden_size=model.config.get_text_config().hidden_size,
+            device=input_ids.device,
             **common,
         )
         capture = contextlib.nullcontext(True)

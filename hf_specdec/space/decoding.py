@@ -151,9 +151,9 @@ def space_generate(
         c = max(0, min(len(cands), room - 1))
         ids = build_input(pending, cands[:c], k, mask_id)
         is_mask = torch.tensor(
-            [j >= len(pending) and (j - len(pending)) % (k + 1) != k for j in range(len(ids))]
+            [j >= len(pending) and (j - len(pending)) % (k + 1) != k for j in range(len(ids))], device=device
         )
-        local = attention_mask(is_mask).to(device)
+        local = attention_mask(is_mask)
         full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
         rows = len(ids) - len(pending) + 1  # rows from x_l on
         t0 = time.perf_counter()

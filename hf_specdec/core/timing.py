@@ -1,0 +1,47 @@
+"""Device-correct wall-clock timing, the one helper behind every measured cost (issue #18).
+
+CUDA kernels run asynchronously: ``time.perf_counter()`` right after a forward measures the launch, not the work.
+Every timed region therefore starts and ends with :func:`clock`, which first waits for the device to finish what
+is queued (``torch.cuda.synchronize(device)`` on a CUDA device; nothing on the CPU, whose work is synchronous).
+Users: the verification cost curve (``core/verify_cost.py``: CAPE's trim, PLD+'s adaptive ``K``), the PCT
+``StepTimer``'s ``s_d`` / ``s_t`` (``edd/tree_proposer.py``) and the draft-vocabulary costs
+(``trainers/draft_vocab.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def device_of(model) -> torch.device:
+    """The device ``model``'s parameters live on (a tensor's own device for a tensor)."""
+    if isinstance(model, torch.Tensor):
+        return model.device
+    return next(model.parameters()).device
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until ``device`` has finished its queued work (CUDA only; a no-op elsewhere)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device | str) -> float:
+    """``time.perf_counter()`` once ``device`` has finished its queued work: ``clock(d) - t0`` times a region."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device | str, repeats: int = 20) -> float:
+    """Median seconds of ``fn()`` on ``device`` over ``repeats`` timed calls, after one untimed warm-up call."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = clock(device)
+        fn()
+        samples.append(clock(device) - t0)
+    return sorted(samples)[len(samples) // 2]

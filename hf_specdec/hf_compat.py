@@ -1,0 +1,117 @@
+"""Every transformers name hf_specdec uses that is not public API, in one place (issue #18).
+
+Everything else uses public API only: EOS ids from ``generation_config.eos_token_id``, the attention registries as
+the mappings ``AttentionInterface()`` / ``AttentionMaskInterface()``, ``model.set_attn_implementation`` to switch
+the implementation, ``inspect.signature(model.forward)`` for ``logits_to_keep``, ``attn_implementation=`` as a
+config keyword. What has no public form is below, one entry each (:data:`ENTRIES`); ``tests/test_hf_compat.py``
+checks every entry against the installed transformers and fails naming the entry when it changes.
+
+Entries:
+
+- ``candidate_generator_hook``: ``GenerationMixin._get_candidate_generator``, the method transformers' assisted
+  loop asks for its ``CandidateGenerator``. hf_specdec wraps it (``core/assisted.py``) so that GLIDE/EDD drafters
+  supply their own generator.
+- ``assisted_decoding``: ``model._assisted_decoding``, transformers' assisted loop, run by PLD+ with its own
+  generator (the model instance answers ``_get_candidate_generator`` with it for the duration of the call).
+- ``attn_implementation``: ``config._attn_implementation``, the attention implementation a model runs (5.23 has
+  a public setter, ``set_attn_implementation``, but no public getter).
+- ``cache_layers``: the fields of ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` that compacting a cache to an
+  accepted tree path rewrites (``keys``, ``values``, ``cumulative_length``); only these exact types are rewritten.
+- ``llama_modules``: ``LlamaMLP``, ``LlamaRMSNorm``, ``apply_rotary_pos_emb`` from ``modeling_llama`` (the GLIDE
+  drafter's layer is built from the Llama pieces).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.generation.utils import GenerationMixin
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+
+from .errors import SpecDecError
+
+ENTRIES = (
+    "candidate_generator_hook",
+    "assisted_decoding",
+    "attn_implementation",
+    "cache_layers",
+    "llama_modules",
+)
+
+__all__ = [
+    "ENTRIES",
+    "CACHE_LAYER_TYPES",
+    "LlamaMLP",
+    "LlamaRMSNorm",
+    "apply_rotary_pos_emb",
+    "assisted_decoding",
+    "attn_implementation",
+    "candidate_generator_arguments",
+    "candidate_generator_hook",
+    "set_candidate_generator_hook",
+    "set_layer_entries",
+]
+
+# ------------------------------------------------------------------ candidate_generator_hook
+ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
+# the parameters (after self) we read from a call; everything is passed through to the original unchanged
+CANDIDATE_GENERATOR_PARAMETERS = (
+    "generation_config",
+    "input_ids",
+    "logits_processor",
+    "model_kwargs",
+    "assistant_model",
+)
+
+
+def candidate_generator_hook():
+    """The method transformers' assisted loop calls for its candidate generator (whatever is installed now)."""
+    return GenerationMixin._get_candidate_generator
+
+
+def set_candidate_generator_hook(hook) -> None:
+    """Install ``hook(self, *args, **kwargs)`` as ``GenerationMixin._get_candidate_generator``."""
+    GenerationMixin._get_candidate_generator = hook
+
+
+def candidate_generator_arguments(model, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name, bound to transformers' own signature (defaults filled in)."""
+    bound = inspect.signature(ORIGINAL_GET_CANDIDATE_GENERATOR).bind(model, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+# ------------------------------------------------------------------ assisted_decoding
+def assisted_decoding(model, generator, *args, **kwargs):
+    """transformers' ``_assisted_decoding`` loop with ``generator`` as its candidate generator: for the duration of
+    the call the model *instance* answers ``_get_candidate_generator`` with it (removed afterwards, on every exit
+    path; the class and other models are untouched)."""
+    if "_get_candidate_generator" in vars(model):
+        raise SpecDecError("PLD+ generate is already running on this model (re-entrant call)")
+    model._get_candidate_generator = lambda *_, **__: generator
+    try:
+        return model._assisted_decoding(*args, **kwargs)
+    finally:
+        del model._get_candidate_generator
+
+
+# ------------------------------------------------------------------ attn_implementation
+def attn_implementation(model) -> str | None:
+    """The attention implementation ``model`` (or a config) runs now (``"sdpa"``, ``"eager"``, ...)."""
+    config = getattr(model, "config", model)
+    return config._attn_implementation
+
+
+# ------------------------------------------------------------------ cache_layers
+CACHE_LAYER_TYPES = (DynamicLayer, DynamicSlidingWindowLayer)  # exact types whose fields we rewrite
+
+
+def set_layer_entries(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Replace a dynamic cache layer's entries (the layer then holds ``keys.shape[-2]`` tokens)."""
+    if type(layer) not in CACHE_LAYER_TYPES:
+        raise SpecDecError(f"cannot rewrite a {type(layer).__name__} cache layer (only {CACHE_LAYER_TYPES})")
+    layer.keys, layer.values = keys, values
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        layer.cumulative_length = keys.shape[-2]

@@ -1,0 +1,188 @@
+"""hf_specdec/hf_compat.py: one test per entry (named ``test_<entry>``), each failing with the entry's name when
+the installed transformers changes what the entry relies on; plus the guard that no transformers private name is
+used outside hf_compat.py, and the assisted hook's pass-through and no-silent-fallback behaviour (issue #18)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hf_specdec.modeling import GlideConfig, GlideForCausalLM
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.generation.utils import GenerationMixin
+
+import hf_specdec
+from hf_specdec import hf_compat
+from hf_specdec.core import assisted
+from hf_specdec.errors import SpecDecError
+from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
+from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
+
+from .conftest import tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+# transformers' private names hf_specdec has used; only hf_compat.py may name them
+PRIVATE = re.compile(
+    r"\._(get_candidate_generator|assisted_decoding|attn_implementation|global_mapping|eos_token_tensor"
+    r"|supports_logits_to_keep|prepare_inputs)\b|models\.llama\.modeling_llama"
+)
+
+
+def _entry(name: str) -> str:
+    return f"hf_compat entry {name!r} no longer matches the installed transformers"
+
+
+def _glide(target) -> GlideForCausalLM:
+    torch.manual_seed(0)
+    return GlideForCausalLM(GlideConfig.for_target(target)).attach_target(target).eval()
+
+
+def test_every_entry_has_a_test():
+    missing = [e for e in hf_compat.ENTRIES if f"test_{e}" not in globals()]
+    assert not missing, f"hf_compat entries without a test: {missing}"
+
+
+def test_no_transformers_private_name_outside_hf_compat():
+    hits = [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for folder in ("hf_specdec", "modeling", "trainers")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "hf_compat.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE.search(line)
+    ]
+    assert not hits, "transformers private names outside hf_specdec/hf_compat.py:\n" + "\n".join(hits)
+
+
+# ------------------------------------------------------------------ the entries
+def test_candidate_generator_hook(monkeypatch):
+    """transformers still has the method, takes the parameters the hook reads, and generate(assistant_model=...)
+    still asks it (once per generation) for the generator; ours is then GLIDE's."""
+    params = list(inspect.signature(hf_compat.ORIGINAL_GET_CANDIDATE_GENERATOR).parameters)
+    missing = [p for p in hf_compat.CANDIDATE_GENERATOR_PARAMETERS if p not in params]
+    assert not missing, f"{_entry('candidate_generator_hook')}: parameters {missing} are gone ({params})"
+    assert assisted.installed(), _entry("candidate_generator_hook") + ": the hook is not installed"
+    calls = []
+
+    def spy(self, *args, **kwargs):
+        calls.append(assisted._select_candidate_generator(self, *args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", spy)
+    target = tiny_llama()
+    target.generate(
+        torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, do_sample=False, assistant_model=_glide(target)
+    )
+    assert len(calls) == 1, f"{_entry('candidate_generator_hook')}: generate asked it {len(calls)} times"
+    assert isinstance(calls[0], GlideCandidateGenerator)
+
+
+def test_assisted_decoding(monkeypatch):
+    """``_assisted_decoding`` takes what PLD+ passes, asks the model instance for its generator (PLD+'s drafts are
+    used), and the instance override is gone afterwards."""
+    params = inspect.signature(GenerationMixin._assisted_decoding).parameters
+    wanted = [
+        "input_ids",
+        "logits_processor",
+        "stopping_criteria",
+        "generation_config",
+        "synced_gpus",
+        "streamer",
+    ]
+    assert all(p in params for p in wanted), f"{_entry('assisted_decoding')}: parameters are {list(params)}"
+    model, proposed = tiny_llama(), []
+    original = PLDPlusCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, **kwargs):
+        proposed.append(input_ids.shape[1])
+        return original(self, input_ids, **kwargs)
+
+    monkeypatch.setattr(PLDPlusCandidateGenerator, "get_candidates", spy)
+    prompt = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6]])
+    model.generate(
+        prompt, max_new_tokens=4, do_sample=False, custom_generate=hf_specdec.pld_plus, pld_num_tokens=2
+    )
+    assert proposed, f"{_entry('assisted_decoding')}: the loop did not use the generator PLD+ handed it"
+    assert "_get_candidate_generator" not in vars(model)
+
+
+def test_attn_implementation():
+    model = tiny_llama()
+    for impl in ("eager", "sdpa"):
+        model.set_attn_implementation(impl)
+        assert hf_compat.attn_implementation(model) == impl, _entry("attn_implementation")
+        assert hf_compat.attn_implementation(model.config) == impl, _entry("attn_implementation")
+
+
+@pytest.mark.parametrize("layer", [DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=16)])
+def test_cache_layers(layer):
+    """Rewriting a layer's entries leaves a layer that reports and extends the new length."""
+    assert hf_compat.CACHE_LAYER_TYPES == (DynamicLayer, DynamicSlidingWindowLayer)
+    k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    layer.update(k, v)
+    for field in ("keys", "values", "is_initialized") + (
+        ("cumulative_length",) if "Sliding" in type(layer).__name__ else ()
+    ):
+        assert hasattr(layer, field), f"{_entry('cache_layers')}: {type(layer).__name__}.{field} is gone"
+    hf_compat.set_layer_entries(layer, layer.keys[..., :3, :], layer.values[..., :3, :])
+    assert layer.get_seq_length() == 3, f"{_entry('cache_layers')}: the rewritten length is not reported"
+    keys, _ = layer.update(k[..., :1, :], v[..., :1, :])
+    assert keys.shape[-2] == 4 and layer.get_seq_length() == 4, _entry("cache_layers")
+    torch.testing.assert_close(keys[..., :3, :], k[..., :3, :])
+    with pytest.raises(SpecDecError, match="cannot rewrite"):
+        hf_compat.set_layer_entries(object(), k, v)
+
+
+def test_llama_modules():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1)
+    mlp, norm = hf_compat.LlamaMLP(cfg), hf_compat.LlamaRMSNorm(8, eps=1e-6)
+    assert all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj")), _entry("llama_modules")
+    assert norm(torch.ones(1, 8)).shape == (1, 8), _entry("llama_modules")
+    params = list(inspect.signature(hf_compat.apply_rotary_pos_emb).parameters)[:4]
+    assert params == ["q", "k", "cos", "sin"], f"{_entry('llama_modules')}: apply_rotary_pos_emb{params}"
+
+
+# ------------------------------------------------------------------ the assisted hook
+def test_hook_passes_every_argument_through(monkeypatch):
+    """A transformers release that adds a parameter: the hook binds to its signature and passes the call on as is."""
+    seen = []
+
+    def future(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+               assistant_model=None, added_in_a_future_release=None):  # fmt: skip
+        seen.append((generation_config, input_ids, added_in_a_future_release))
+
+    monkeypatch.setattr(hf_compat, "ORIGINAL_GET_CANDIDATE_GENERATOR", future)
+    monkeypatch.setattr(assisted, "ORIGINAL_GET_CANDIDATE_GENERATOR", future)
+    assisted._select_candidate_generator(
+        tiny_llama(), "cfg", 1, None, None, {}, assistant_model=None, added_in_a_future_release=2
+    )
+    assert seen == [("cfg", 1, 2)]
+
+
+def test_our_drafter_without_our_generator_raises(monkeypatch):
+    """Simulated mismatch: transformers' selection bypasses the hook, so the drafter reaches the generic assisted
+    generator; that is a SpecDecError, not a silent fallback."""
+    monkeypatch.setattr(
+        GenerationMixin, "_get_candidate_generator", hf_compat.ORIGINAL_GET_CANDIDATE_GENERATOR
+    )
+    target = tiny_llama()
+    with pytest.raises(SpecDecError, match="did not select hf_specdec's candidate generator"):
+        target.generate(
+            torch.tensor([[1, 5, 6]]), max_new_tokens=3, do_sample=False, assistant_model=_glide(target)
+        )
+
+
+def test_our_drafter_with_prompt_lookup_raises():
+    target = tiny_llama()
+    with pytest.raises(SpecDecError, match="prompt_lookup_num_tokens"):
+        target.generate(
+            torch.tensor([[1, 5, 6]]),
+            max_new_tokens=3,
+            assistant_model=_glide(target),
+            prompt_lookup_num_tokens=2,
+        )

@@ -1,0 +1,59 @@
+"""core/timing.py: timed regions wait for a CUDA device (mocked here), and every measured cost goes through it
+(the verification cost curve behind PLD+'s adaptive K and CAPE's trim, PCT's StepTimer) with the model's device."""
+
+from __future__ import annotations
+
+import torch
+from hf_specdec.modeling import EddConfig, EddForCausalLM
+
+import hf_specdec
+from hf_specdec.core import timing
+from hf_specdec.core.tree_decoding import tree_generate
+from hf_specdec.core.verify_cost import forward_times
+from hf_specdec.edd.tree_proposer import EddTreeProposer
+
+from .conftest import tiny_llama
+
+
+def _record(monkeypatch) -> list:
+    calls = []
+    monkeypatch.setattr(timing, "synchronize", lambda device: calls.append(torch.device(device)))
+    return calls
+
+
+def test_clock_synchronises_a_cuda_device_and_not_the_cpu(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    timing.clock(torch.device("cuda", 1))
+    assert calls == [torch.device("cuda", 1)]
+    timing.median_seconds(lambda: None, "cuda:0", repeats=3)
+    assert len(calls) == 1 + 2 * 3 and calls[-1] == torch.device("cuda", 0)
+    timing.clock("cpu")
+    timing.median_seconds(lambda: None, torch.device("cpu"), repeats=2)
+    assert len(calls) == 7  # nothing to wait for on the CPU
+
+
+def test_verify_cost_and_pld_plus_cost_curve_time_through_the_helper(monkeypatch):
+    calls = _record(monkeypatch)
+    model = tiny_llama()
+    forward_times(model, torch.arange(3, 40), sizes=(1, 4), repeats=2)
+    assert calls == [torch.device("cpu")] * (2 * 2 * 2)  # start and end of every timed forward
+    calls.clear()
+    prompt = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6]])
+    model.generate(
+        prompt, max_new_tokens=3, do_sample=False, custom_generate=hf_specdec.pld_plus
+    )  # measures c(q)
+    assert calls and set(calls) == {torch.device("cpu")}
+
+
+def test_pct_step_timer_times_through_the_helper(monkeypatch):
+    calls = _record(monkeypatch)
+    target = tiny_llama()
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    edd.init_from_target(target)
+    proposer = EddTreeProposer(edd, "pct")  # no fixed ratio: calibrated, then s_d / s_t measured every step
+    target.generate(
+        torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, custom_generate=tree_generate, proposer=proposer
+    )
+    assert proposer.calibrated and proposer.timer.s_d is not None and proposer.timer.s_t is not None
+    assert len(calls) >= 4 and set(calls) == {torch.device("cpu")}
