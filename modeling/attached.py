@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_specdec.errors import SpecDecError, checkpoint_error
+from hf_specdec.checkpoint_errors import checkpoint_error
+from hf_specdec.errors import SpecDecError
 from hf_specdec.target import check_fingerprint
 
 _Drafter = TypeVar("_Drafter", bound="TargetAttachedMixin")

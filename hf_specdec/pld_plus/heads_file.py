@@ -23,7 +23,7 @@ _READ_CACHE: dict[tuple, list[tuple[int, int]]] = {}
 
 def write_heads_file(path: str | os.PathLike, model, heads: list[dict], **meta) -> Path:
     """Write a heads file for ``model`` (``heads`` as :func:`rank_heads` returns them)."""
-    from ..target import target_fingerprint
+    from ..fingerprint import target_fingerprint
 
     cfg = model.config.get_text_config()
     doc = {
@@ -89,7 +89,7 @@ def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None)
     doc = load_heads_doc(path)
     pairs = [(int(e["layer"]), int(e["head"])) for e in doc["heads"]]
     if model is not None:
-        from ..target import check_fingerprint
+        from ..fingerprint import check_fingerprint
 
         check_fingerprint(doc.get("target", {}), model, what=f"heads file {path}")
         cfg = model.config.get_text_config()
@@ -107,7 +107,7 @@ def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None)
 
 def default_heads_file(model) -> Path:
     """The shipped heads file when ``model`` is the default target; otherwise an error that says what to run."""
-    from ..target import target_fingerprint
+    from ..fingerprint import target_fingerprint
 
     if DEFAULT_HEADS_FILE.is_file():
         shipped = load_heads_doc(DEFAULT_HEADS_FILE).get("target", {})
