@@ -139,7 +139,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
     set_seed(args.seed)
     t_start = time.perf_counter()
-    target, tokenizer = load_target(args.target, args.dtype)
+    target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
     target.requires_grad_(False)
     targs = training_arguments(args)
     store = None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
 
 MASK_TOKEN = "<|space_mask|>"
@@ -79,7 +80,7 @@ def apply_lora(model, mask_token_id: int, r: int = 16, alpha: int = 32, dropout:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="base model folder or cached Hub id (default: SmolLM2-135M)")
+    add_model_arguments(p, "--model", "the base model")
     p.add_argument("--output-dir", required=True, help="checkpoints go here; the final model in OUTPUT/final")
     p.add_argument("--k", type=int, default=5, help="number of mask tokens (paper default 5)")
     p.add_argument(
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--k must be at least 1 (got {args.k})")
     out = Path(args.output_dir)
     torch.manual_seed(args.seed)
-    model, tokenizer = load_target(args.model, args.dtype)
+    model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     base = getattr(model.config, "name_or_path", None) or str(args.model)
     mask_id = add_mask_token(model, tokenizer, args.k, seed=args.seed)
     model.config.use_cache = False

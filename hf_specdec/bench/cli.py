@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cli import add_model_arguments
 from ..errors import SpecDecError
 
 
@@ -31,11 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=10, help="prompts per task (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="PATH_OR_ID of any HF causal LM (default: the embedded SmolLM2-135M-Instruct)",
-    )
+    add_model_arguments(p, "--model", "any HF causal LM")
     p.add_argument(
         "--tie-tol",
         type=float,
@@ -80,6 +77,7 @@ def run(args) -> int:
         dtype=args.dtype,
         out=args.out,
         model=args.model,
+        gguf_file=args.gguf_file,
         tie_tol=args.tie_tol,
         options=options,
         command=args.command_line,
