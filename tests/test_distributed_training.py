@@ -128,3 +128,19 @@ def test_torchrun_trains_space_as_one_process_with_the_same_global_batch(real_ta
     assert two["card"]["eval_loss"] == pytest.approx(one["card"]["eval_loss"], abs=2e-3)
     # one process wrote: one final model, one checkpoint, no per-rank copies
     assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.is_dir()) == ["checkpoint-2", "final"]
+
+
+def test_the_shipped_gpu_configs_parse():
+    """configs/ (README, "Training on several devices"): the DeepSpeed ZeRO-2 JSON and the accelerate FSDP config load
+    (they are not run here: no GPU)."""
+    from pathlib import Path
+
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    ds = json.loads((root / "deepspeed_zero2.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2 and "optimizer" not in ds  # the Trainer's AdamW + schedule
+    fsdp = load_config_from_file(str(root / "accelerate_fsdp.yaml"))
+    assert fsdp.distributed_type == DistributedType.FSDP
+    assert fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"

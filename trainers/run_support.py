@@ -44,6 +44,32 @@ class TimeLimitCallback(TrainerCallback):
         return control
 
 
+def shared_training_arguments(args) -> dict:
+    """The ``TrainingArguments`` every recipe shares (glide, edd, space): the same output folder, steps, batch sizes
+    and cosine schedule fields, logging / evaluation / checkpoints every N steps (two kept), the batches built in the
+    process (no workers, all columns kept for the collator), the seed, no reporting, and the CPU (gloo) off CUDA."""
+    import torch
+
+    return dict(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        lr_scheduler_type="cosine",
+        logging_steps=args.logging_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=args.seed,
+        use_cpu=not torch.cuda.is_available(),
+    )
+
+
 def last_checkpoint(output_dir: str | Path) -> str | None:
     """The newest ``checkpoint-N`` folder the ``Trainer`` saved in ``output_dir`` (``get_last_checkpoint``), if any."""
     from transformers.trainer_utils import get_last_checkpoint

@@ -203,29 +203,16 @@ def training_arguments(args: argparse.Namespace, lr: float):
     """``TrainingArguments`` of a SAR-SFT run (App. A.1, Table 4: cosine schedule, AdamW 0.9 / 0.999)."""
     from transformers import TrainingArguments
 
+    from .run_support import shared_training_arguments
+
     return TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
+        **shared_training_arguments(args),
         per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
         learning_rate=lr,
-        lr_scheduler_type="cosine",
         warmup_steps=max(1, args.max_steps // 20),
         adam_beta1=0.9,
         adam_beta2=0.999,
         max_grad_norm=1.0,
-        logging_steps=args.logging_steps,
-        eval_strategy="steps",
-        eval_steps=args.eval_steps,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        seed=args.seed,
-        report_to="none",
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        use_cpu=not torch.cuda.is_available(),
         bf16=args.dtype == "bf16",
     )
 
