@@ -122,16 +122,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def drawn_training_set(train, collator: SpaceDataCollator, n: int):
-    """``n`` training samples with their SAR masks drawn now (``SpaceDataCollator.fix``), ``train`` repeated with a
-    fresh draw per repetition when it is shorter; the collator then passes them through unchanged. Drawing per
-    sample, not per batch, makes the data independent of how batches are split over processes."""
+    """``train`` with its SAR masks drawn now (``SpaceDataCollator.fix``), repeated with a fresh draw per repetition
+    until it holds at least the ``n`` samples the run consumes; the collator then passes them through unchanged.
+    Drawing per sample, not per batch, makes the data independent of how batches are split over processes."""
     from datasets import Dataset
 
     rows = []
     for repetition in range(-(-n // len(train))):
         seed = collator.seed if repetition == 0 else collator.seed + 1000 + repetition
         rows += replace(collator, seed=seed).fix(train)
-    return Dataset.from_list(rows[:n])
+    return Dataset.from_list(rows)
 
 
 def write_model_card(folder: Path, info: dict) -> Path:
@@ -140,6 +140,7 @@ def write_model_card(folder: Path, info: dict) -> Path:
     from hf_specdec.trainers.run_support import write_card
 
     kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
+    processes = f" ({info['processes']} processes)" if info.get("processes", 1) > 1 else ""
     tau = info.get("tau")
     intro = [
         "---",
@@ -155,11 +156,7 @@ def write_model_card(folder: Path, info: dict) -> Path:
         ("p_ar", info["p_ar"]),
         ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
         ("method", info["method"]),
-        (
-            "steps x batch",
-            f"{info['steps']} x {info['batch']}"
-            + f" ({info.get('processes', 1)} processes)" * (info.get("processes", 1) > 1),
-        ),
+        ("steps x batch", f"{info['steps']} x {info['batch']}" + processes),
         ("final train loss", info.get("train_loss", "-")),
         ("eval loss", info.get("eval_loss", "-")),
         ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
@@ -241,9 +238,8 @@ def run(args: argparse.Namespace) -> None:
     logger.warning("trainable parameters: %d (%s)", trainable, "full" if args.full else "LoRA + [M] row")
     targs = training_arguments(args, args.lr if args.lr is not None else (5e-5 if args.full else 3e-4))
 
-    n_draws = (
-        args.max_steps * args.batch_size * args.grad_accum * targs.world_size
-    )  # samples the run consumes
+    # the samples the run consumes: each process takes a batch per micro-step
+    n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
     t0 = time.perf_counter()
     train = sft_dataset(tokenizer, "train", args.max_length, args.train_samples or n_draws)
     val = sft_dataset(tokenizer, "validation", args.max_length, args.eval_samples)
