@@ -75,6 +75,22 @@ def real_target():
     return load_default_target("fp32")
 
 
+@pytest.fixture(scope="session")
+def gguf_copy(tmp_path_factory):
+    """``(home, copy)``: a copy of the default target's GGUF at a temporary path (``models/my-model.gguf``) and an
+    ``HF_SPECDEC_HOME`` for its conversion, shared by the tests of this session so it is converted once. Tests set
+    ``HF_SPECDEC_HOME`` to ``home`` themselves (monkeypatch)."""
+    import shutil
+
+    from hf_specdec.target import DEFAULT_TARGET_GGUF, _gguf_folder
+
+    root = tmp_path_factory.mktemp("gguf")
+    (root / "models").mkdir()
+    copy = root / "models" / "my-model.gguf"
+    shutil.copy(_gguf_folder() / DEFAULT_TARGET_GGUF, copy)
+    return root / "home", copy
+
+
 @pytest.fixture(scope="module")
 def target_and_edd():
     """A tiny Llama target and an EDD drafter for it, initialised from the target (untrained)."""

@@ -1,5 +1,5 @@
-"""Drafter training on an existing distributed engine: ``torchrun --nproc_per_node 2`` (gloo, this CPU) trains the
-same drafter as one process with the same global batch, and evaluates to the same metrics."""
+"""Training on an existing distributed engine: ``torchrun --nproc_per_node 2`` (gloo, this CPU) trains the same
+drafter (and the same SAR-SFT LoRA) as one process with the same global batch, and evaluates to the same metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ import subprocess
 import sys
 
 import pytest
+
+
+def _launch(cmd: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _train(out, corpus, *launcher_and_batch: str) -> dict:
@@ -32,9 +38,7 @@ def _train(out, corpus, *launcher_and_batch: str) -> dict:
         ),
         *("--measure-prompts 0 --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3".split()),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _launch(cmd)
     from safetensors.torch import load_file
 
     card = json.loads((out / "model_card.json").read_text())
@@ -74,3 +78,69 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
     assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.suffix == ".safetensors") == [
         "model.safetensors"
     ]
+
+
+def _train_space(out, *launcher_and_batch: str) -> dict:
+    *launcher, batch = launcher_and_batch
+    options = (
+        "--max-steps 2 --max-length 48 --eval-samples 4 --eval-steps 100 --save-steps 100 --logging-steps 1"
+    )
+    options += " --tau-prompts 0 --save adapter --lr 1e-3 --k 3 --p-ar 0.5 --lora-r 4 --lora-dropout 0"
+    _launch(
+        [
+            *launcher,
+            "-m",
+            "hf_specdec.cli",
+            "train",
+            "space",
+            "--output-dir",
+            str(out),
+            "--batch-size",
+            batch,
+            *options.split(),
+        ]
+    )
+    from safetensors.torch import load_file
+
+    return {
+        "weights": load_file(str(out / "final" / "adapter_model.safetensors")),
+        "card": json.loads((out / "final" / "space_training.json").read_text()),
+    }
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_torchrun_trains_space_as_one_process_with_the_same_global_batch(real_target, tmp_path):
+    """`hf-specdec train space` in two processes: the SAR masks are drawn per sample, so both processes' batches
+    together are the one-process batch, and the LoRA + [M]-row weights after 2 steps are the same."""
+    import torch
+
+    one = _train_space(tmp_path / "one", sys.executable, "4")
+    two = _train_space(
+        tmp_path / "two", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "2"
+    )
+    assert two["weights"].keys() == one["weights"].keys()
+    for name, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], w, atol=2e-5, rtol=1e-4)
+    lora_b = [w for name, w in one["weights"].items() if "lora_B" in name]
+    assert lora_b and max(w.abs().max() for w in lora_b) > 1e-4  # the steps trained (LoRA B starts at zero)
+    assert one["card"]["batch"] == two["card"]["batch"] == 4 and two["card"]["processes"] == 2
+    assert two["card"]["eval_loss"] == pytest.approx(one["card"]["eval_loss"], abs=2e-3)
+    # one process wrote: one final model, one checkpoint, no per-rank copies
+    assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.is_dir()) == ["checkpoint-2", "final"]
+
+
+def test_the_shipped_gpu_configs_parse():
+    """configs/ (README, "Training on several devices"): the DeepSpeed ZeRO-2 JSON and the accelerate FSDP config load
+    (they are not run here: no GPU)."""
+    from pathlib import Path
+
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    ds = json.loads((root / "deepspeed_zero2.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2 and "optimizer" not in ds  # the Trainer's AdamW + schedule
+    fsdp = load_config_from_file(str(root / "accelerate_fsdp.yaml"))
+    assert fsdp.distributed_type == DistributedType.FSDP
+    assert fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"

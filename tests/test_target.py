@@ -47,29 +47,75 @@ def test_unknown_dtype():
 
 
 @pytest.mark.real
-def test_a_gguf_file_loads_like_the_default_target(real_target, tmp_path, monkeypatch):
+def test_a_gguf_file_loads_like_the_default_target(real_target, gguf_copy, monkeypatch):
     """load_target accepts a .gguf file (or a folder plus gguf_file): de-quantized once, cached by content hash,
     and the copy of the default GGUF generates exactly the default target's greedy tokens."""
-    import shutil
+    from hf_specdec.target import load_target
 
-    from hf_specdec.target import DEFAULT_TARGET_GGUF, _gguf_folder, load_target
-
-    monkeypatch.setenv("HF_SPECDEC_HOME", str(tmp_path / "home"))
-    folder = tmp_path / "models"
-    folder.mkdir()
-    copy = folder / "my-model.gguf"
-    shutil.copy(_gguf_folder() / DEFAULT_TARGET_GGUF, copy)
+    home, copy = gguf_copy
+    monkeypatch.setenv("HF_SPECDEC_HOME", str(home))
     model, tokenizer = load_target(copy)
     assert not hasattr(model.config, "quantization_config")
-    (converted,) = (tmp_path / "home" / "targets").iterdir()
+    (converted,) = (home / "targets").iterdir()
     assert converted.name.startswith("my-model-") and (converted / "model.safetensors").is_file()
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     assert torch.equal(model.generate(ids, **kw), real_target[0].generate(ids, **kw))
     check_fingerprint(target_fingerprint(real_target[0]), model)  # a drafter of the default target fits it
-    again, _ = load_target(folder, gguf_file="my-model.gguf")  # the folder form reuses the cached conversion
-    assert len(list((tmp_path / "home" / "targets").iterdir())) == 1
+    again, _ = load_target(
+        copy.parent, gguf_file="my-model.gguf"
+    )  # the folder form reuses the cached conversion
+    assert len(list((home / "targets").iterdir())) == 1
     assert Path(again.config.name_or_path) == converted
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("form", ["file", "folder"])
+def test_the_cli_takes_a_gguf_model(real_target, gguf_copy, monkeypatch, tmp_path, form):
+    """`hf-specdec bench --model X.gguf` (and `--model DIR --gguf-file X.gguf`, the option every command that loads
+    a model shares) decodes with the GGUF's weights: the tokens it generates are the default target's."""
+    import hf_specdec.bench.harness as harness
+    from hf_specdec.cli import main
+
+    home, copy = gguf_copy
+    monkeypatch.setenv("HF_SPECDEC_HOME", str(home))
+    seen = []
+
+    def spy(method, model, input_ids, max_new_tokens):
+        seen.append((input_ids, model.config.name_or_path))
+        tokens, stats = run_one(method, model, input_ids, max_new_tokens)
+        seen[-1] += (tokens,)
+        return tokens, stats
+
+    run_one = harness._run_one
+    monkeypatch.setattr(harness, "_run_one", spy)
+    model_args = (
+        ["--model", str(copy)] if form == "file" else ["--model", str(copy.parent), "--gguf-file", copy.name]
+    )
+    bench = ["bench", "--methods", "ar", "--tasks", "code-edit", "--limit", "1", "--max-new-tokens", "8"]
+    assert main([*bench, *model_args, "--out", str(tmp_path)]) == 0
+    ((input_ids, name, tokens),) = seen
+    assert Path(name).parent == home / "targets" and Path(name).name.startswith("my-model-")
+    kw = dict(attention_mask=torch.ones_like(input_ids), max_new_tokens=8, do_sample=False)
+    assert tokens == real_target[0].generate(input_ids, **kw)[0, input_ids.shape[1] :].tolist()
+
+
+def test_the_cli_wants_gguf_file_for_a_folder_of_ggufs(tmp_path, monkeypatch, capsys):
+    from hf_specdec.cli import main
+
+    monkeypatch.setenv("HF_SPECDEC_HOME", str(tmp_path / "home"))
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "a.gguf").write_bytes(b"GGUF")
+    for argv in (
+        ["demo", "--model", str(tmp_path / "only")],
+        ["train", "edd", "--target", str(tmp_path / "only"), "--output-dir", str(tmp_path / "o")],
+        ["train", "space", "--model", str(tmp_path / "only"), "--output-dir", str(tmp_path / "o")],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "holds GGUF files (a.gguf)" in err and "--gguf-file NAME" in err and len(err.splitlines()) == 1
+    assert main(["demo", "--gguf-file", "a.gguf"]) == 2
+    assert "pass --model too" in capsys.readouterr().err
 
 
 def test_gguf_inputs_get_clear_errors(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
 
 ECE_BINS = 10
@@ -145,7 +146,7 @@ def add_parser(sub) -> None:
         description=__doc__.split("\n\n")[1],
     )
     p.add_argument("--drafter", required=True, help="EDD checkpoint folder (its config.json is updated)")
-    p.add_argument("--model", default=None, help="target folder (default: the embedded SmolLM2)")
+    add_model_arguments(p, "--model", "the target")
     p.add_argument("--blocks", type=int, default=48, help="validation blocks")
     p.add_argument("--block-size", type=int, default=128, help="tokens per validation block")
     p.set_defaults(func=run)
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.blocks < 1 or args.block_size < 8:
         raise SpecDecError(f"need --blocks >= 1 and --block-size >= 8 (got {args.blocks}, {args.block_size})")
-    target, tokenizer = load_target(args.model, "fp32")
+    target, tokenizer = load_target(args.model, "fp32", gguf_file=args.gguf_file)
     drafter = EddForCausalLM.from_pretrained(folder, target=target).eval()
     valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.blocks)
     with validation_trainer(drafter, target, valid) as trainer:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
 
 IGNORE_INDEX = -100
@@ -153,7 +154,7 @@ def add_parser(sub) -> None:
         "corpus", help="tokenize ShareGPT once for drafter training (`hf-specdec train ... --corpus DIR`)"
     )
     p.add_argument("--out", required=True, help="folder to write corpus.json and {split}.safetensors into")
-    p.add_argument("--target", default=None, help="target whose tokenizer to use (default: SmolLM2-135M)")
+    add_model_arguments(p, "--target", "the target whose tokenizer to use")
     p.add_argument("--limit-conversations", type=int, default=None, help="first N per split (tests)")
     p.set_defaults(func=_run)
 
@@ -161,5 +162,9 @@ def add_parser(sub) -> None:
 def _run(args) -> int:
     from hf_specdec.target import load_tokenizer
 
-    build_corpus(load_tokenizer(args.target), args.out, limit_conversations=args.limit_conversations)
+    build_corpus(
+        load_tokenizer(args.target, gguf_file=args.gguf_file),
+        args.out,
+        limit_conversations=args.limit_conversations,
+    )
     return 0

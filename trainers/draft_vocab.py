@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.cli import add_model_arguments
 from hf_specdec.core.timing import device_of, median_seconds
 from hf_specdec.errors import SpecDecError
 
@@ -111,7 +112,7 @@ def add_parser(sub) -> None:
         "draft-vocab", help="size a drafter's draft vocabulary by measured cost and acceptance"
     )
     p.add_argument("--drafter", required=True, help="GLIDE or EDD checkpoint folder")
-    p.add_argument("--model", default=None, help="target (default: the embedded SmolLM2)")
+    add_model_arguments(p, "--model", "the target")
     p.add_argument(
         "--sizes", default="2048,4096,8192,16384,0", help="candidate sizes; 0 = the drafter's whole one"
     )
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_ints(args.sizes)
     if not sizes or any(v < 0 for v in sizes):
         raise SpecDecError(f"--sizes {args.sizes!r}: give sizes >= 1, or 0 for the whole vocabulary")
-    target, tokenizer = load_target(args.model, "fp32")
+    target, tokenizer = load_target(args.model, "fp32", gguf_file=args.gguf_file)
     drafter = AutoModelForCausalLM.from_pretrained(folder, target=target).eval()
     whole = target.config.vocab_size if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
     if any(v > whole for v in sizes):

@@ -82,30 +82,16 @@ def training_arguments(args):
     """``TrainingArguments`` of a drafter run (cosine schedule, evaluation and checkpoints every N steps)."""
     from transformers import TrainingArguments
 
-    cuda = torch.cuda.is_available()
-    if args.bf16 and not cuda:
+    from .run_support import shared_training_arguments
+
+    if args.bf16 and not torch.cuda.is_available():
         print("--bf16 on a CPU: mixed precision is emulated unless the CPU has native bf16 (slower)")
     return TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
+        **shared_training_arguments(args),
         per_device_eval_batch_size=args.eval_batch_size or args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.lr,
         weight_decay=0.0,
-        lr_scheduler_type="cosine",
         warmup_steps=args.warmup_steps,
-        logging_steps=args.logging_steps,
-        eval_strategy="steps",
-        eval_steps=args.eval_steps,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        report_to=[],
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        seed=args.seed,
-        use_cpu=not cuda,
         bf16=bool(args.bf16),
         disable_tqdm=False,
     )
@@ -139,7 +125,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
     set_seed(args.seed)
     t_start = time.perf_counter()
-    target, tokenizer = load_target(args.target, args.dtype)
+    target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
     target.requires_grad_(False)
     targs = training_arguments(args)
     store = None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
 
 from .losses import teacher_top_k
@@ -207,7 +208,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--corpus", required=True, help="a token corpus from `hf-specdec corpus --out DIR`")
     p.add_argument("--out", required=True, help="the store's folder (an interrupted run resumes there)")
-    p.add_argument("--target", default=None, help="target model (default: SmolLM2-135M)")
+    add_model_arguments(p, "--target", "the target")
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--blocks", type=int, default=None, help="how many blocks (default: the whole split)")
     p.add_argument("--top-k", type=int, default=32, help="teacher tokens kept per position")
@@ -236,7 +237,7 @@ def _run(args) -> int:
     from hf_specdec.cli import parse_ints
     from hf_specdec.target import load_target
 
-    target, _ = load_target(args.target, "fp32")
+    target, _ = load_target(args.target, "fp32", gguf_file=args.gguf_file)
     if torch.cuda.is_available():
         target.to("cuda")
     layers = parse_ints(args.target_layers) if args.target_layers else None

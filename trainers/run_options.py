@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 
+from hf_specdec.cli import add_model_arguments
+
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Which target, where the output goes, and how long to train."""
-    p.add_argument(
-        "--target", default=None, help="target model folder or cached Hub id (default: SmolLM2-135M)"
-    )
+    add_model_arguments(p, "--target", "the target")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--output-dir", required=True, help="where checkpoints, curve and the final drafter go")
     p.add_argument("--max-steps", type=int, default=300)

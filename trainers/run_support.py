@@ -12,8 +12,8 @@ from transformers import TrainerCallback
 
 
 class TimeLimitCallback(TrainerCallback):
-    """Stop (and save) once training has run ``max_seconds`` of wall time in this process, or at optimizer step
-    ``stop_at_step``; the learning-rate schedule stays the one of ``max_steps`` (so a run stopped at step N matches
+    """Stop (and save) once training has run ``max_seconds`` of wall time (in any process: they all stop at the
+    same step), or at optimizer step ``stop_at_step``; the learning-rate schedule stays the one of ``max_steps`` (so a run stopped at step N matches
     another run's state at step N: equal-budget ablations)."""
 
     def __init__(self, max_seconds: float | None, stop_at_step: int | None = None):
@@ -30,11 +30,45 @@ class TimeLimitCallback(TrainerCallback):
         self.start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        timed_out = self.max_seconds and time.perf_counter() - self.start > self.max_seconds
+        timed_out = bool(self.max_seconds) and time.perf_counter() - self.start > self.max_seconds
+        if (
+            self.max_seconds and args.world_size > 1
+        ):  # all processes stop at the same step, or they would hang
+            import torch
+
+            flag = torch.tensor([float(timed_out)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            timed_out = bool(flag.item())
         if timed_out or (self.stop_at_step and state.global_step >= self.stop_at_step):
             control.should_training_stop = True
             control.should_save = True
         return control
+
+
+def shared_training_arguments(args) -> dict:
+    """The ``TrainingArguments`` every recipe shares (glide, edd, space): the same output folder, steps, batch sizes
+    and cosine schedule fields, logging / evaluation / checkpoints every N steps (two kept), the batches built in the
+    process (no workers, all columns kept for the collator), the seed, no reporting, and the CPU (gloo) off CUDA."""
+    import torch
+
+    return dict(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        lr_scheduler_type="cosine",
+        logging_steps=args.logging_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        seed=args.seed,
+        use_cpu=not torch.cuda.is_available(),
+    )
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:

@@ -8,6 +8,12 @@ normal init as in §4.1), fine-tunes on ShareGPT with ``SpaceDataCollator`` thro
 The same command with ``--p-ar 1`` trains the plain-SFT baseline of §4.2.2 (same data, same recipe).
 
 The saved config carries ``space_mask_token_id`` and ``space_k`` so ``hf_specdec.space`` finds them.
+
+Several processes (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``): the masks are drawn
+per sample before training (:func:`drawn_training_set`), so N processes with batch b train on exactly the data of
+one process with batch N x b (and a resumed run on the same data as an uninterrupted one); the ``Trainer`` places
+the model on each process's device, shards the batches, syncs gradients and gathers the evaluation loss; the main
+process alone writes the final model, its loss history and card.
 """
 
 from __future__ import annotations
@@ -17,11 +23,15 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
+
+from .space_collator import SpaceDataCollator
 
 MASK_TOKEN = "<|space_mask|>"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -79,7 +89,7 @@ def apply_lora(model, mask_token_id: int, r: int = 16, alpha: int = 32, dropout:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="base model folder or cached Hub id (default: SmolLM2-135M)")
+    add_model_arguments(p, "--model", "the base model")
     p.add_argument("--output-dir", required=True, help="checkpoints go here; the final model in OUTPUT/final")
     p.add_argument("--k", type=int, default=5, help="number of mask tokens (paper default 5)")
     p.add_argument(
@@ -88,6 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument(
+        "--lora-dropout", type=float, default=0.05, help="0: runs with the same data give the same weights"
+    )
     p.add_argument("--max-steps", type=int, default=400)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--grad-accum", type=int, default=1)
@@ -108,6 +121,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
 
 
+def drawn_training_set(train, collator: SpaceDataCollator, n: int):
+    """``train`` with its SAR masks drawn now (``SpaceDataCollator.fix``), repeated with a fresh draw per repetition
+    until it holds at least the ``n`` samples the run consumes; the collator then passes them through unchanged.
+    Drawing per sample, not per batch, makes the data independent of how batches are split over processes."""
+    from datasets import Dataset
+
+    rows = []
+    for repetition in range(-(-n // len(train))):
+        seed = collator.seed if repetition == 0 else collator.seed + 1000 + repetition
+        rows += replace(collator, seed=seed).fix(train)
+    return Dataset.from_list(rows)
+
+
 def write_model_card(folder: Path, info: dict) -> Path:
     """The card of a SAR-SFT / SFT checkpoint: ``README.md`` and ``space_training.json`` (the same facts,
     machine-readable), written by the trainers' one card writer (``run_support.write_card``)."""
@@ -115,6 +141,7 @@ def write_model_card(folder: Path, info: dict) -> Path:
     from huggingface_hub import ModelCardData
 
     kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
+    processes = f" ({info['processes']} processes)" if info.get("processes", 1) > 1 else ""
     tau = info.get("tau")
     intro = [
         f"# {kind}",
@@ -126,7 +153,7 @@ def write_model_card(folder: Path, info: dict) -> Path:
         ("p_ar", info["p_ar"]),
         ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
         ("method", info["method"]),
-        ("steps x batch", f"{info['steps']} x {info['batch']}"),
+        ("steps x batch", f"{info['steps']} x {info['batch']}" + processes),
         ("final train loss", info.get("train_loss", "-")),
         ("eval loss", info.get("eval_loss", "-")),
         ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
@@ -178,12 +205,29 @@ def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) 
     return tokens / max(forwards, 1), f"{len(ds)} mt-bench prompts, {max_new_tokens} new tokens, greedy"
 
 
+def training_arguments(args: argparse.Namespace, lr: float):
+    """``TrainingArguments`` of a SAR-SFT run (App. A.1, Table 4: cosine schedule, AdamW 0.9 / 0.999)."""
+    from transformers import TrainingArguments
+
+    from .run_support import shared_training_arguments
+
+    return TrainingArguments(
+        **shared_training_arguments(args),
+        per_device_eval_batch_size=args.batch_size,
+        learning_rate=lr,
+        warmup_steps=max(1, args.max_steps // 20),
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        bf16=args.dtype == "bf16",
+    )
+
+
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
     from hf_specdec.trainers.data import sft_dataset
     from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint
-    from hf_specdec.trainers.space_collator import SpaceDataCollator
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from hf_specdec.target import load_target
 
@@ -193,55 +237,28 @@ def run(args: argparse.Namespace) -> None:
         raise SpecDecError(f"--k must be at least 1 (got {args.k})")
     out = Path(args.output_dir)
     torch.manual_seed(args.seed)
-    model, tokenizer = load_target(args.model, args.dtype)
+    model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     base = getattr(model.config, "name_or_path", None) or str(args.model)
     mask_id = add_mask_token(model, tokenizer, args.k, seed=args.seed)
     model.config.use_cache = False
     if not args.full:
-        model = apply_lora(model, mask_id, args.lora_r, args.lora_alpha)
+        model = apply_lora(model, mask_id, args.lora_r, args.lora_alpha, args.lora_dropout)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.warning("trainable parameters: %d (%s)", trainable, "full" if args.full else "LoRA + [M] row")
-    lr = args.lr if args.lr is not None else (5e-5 if args.full else 3e-4)
+    targs = training_arguments(args, args.lr if args.lr is not None else (5e-5 if args.full else 3e-4))
 
-    n_train = args.train_samples or args.max_steps * args.batch_size * args.grad_accum
+    # the samples the run consumes: each process takes a batch per micro-step
+    n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
     t0 = time.perf_counter()
-    train = sft_dataset(tokenizer, "train", args.max_length, n_train)
+    train = sft_dataset(tokenizer, "train", args.max_length, args.train_samples or n_draws)
     val = sft_dataset(tokenizer, "validation", args.max_length, args.eval_samples)
     logger.warning(
         "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
     )
     collator = SpaceDataCollator(mask_id, tokenizer.pad_token_id, k=args.k, p_ar=args.p_ar, seed=args.seed)
+    train = drawn_training_set(train, collator, n_draws)
     # Validation masks are drawn once, so successive evaluations (and resumed runs) score the same inputs.
-    val = Dataset.from_list(
-        SpaceDataCollator(mask_id, tokenizer.pad_token_id, k=args.k, p_ar=args.p_ar, seed=args.seed + 1).fix(
-            val
-        )
-    )
-
-    targs = TrainingArguments(
-        output_dir=str(out),
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=lr,
-        lr_scheduler_type="cosine",  # App. A.1, Table 4
-        warmup_steps=max(1, args.max_steps // 20),
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        max_grad_norm=1.0,
-        logging_steps=args.logging_steps,
-        eval_strategy="steps",
-        eval_steps=args.eval_steps,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        seed=args.seed,
-        report_to="none",
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        bf16=args.dtype == "bf16",
-    )
+    val = Dataset.from_list(replace(collator, seed=args.seed + 1).fix(val))
     trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=val, data_collator=collator)
     if args.max_minutes:
         trainer.add_callback(TimeLimitCallback(args.max_minutes * 60))
@@ -249,7 +266,9 @@ def run(args: argparse.Namespace) -> None:
     if resume:
         logger.warning("resuming from %s", resume)
     result = trainer.train(resume_from_checkpoint=resume)
-    metrics = trainer.evaluate()
+    metrics = trainer.evaluate()  # on every process: the Trainer gathers the loss over all of them
+    if not trainer.is_world_process_zero():  # one process writes the model, its history and its card
+        return
     history = [h for h in trainer.state.log_history if "loss" in h]
     (out / "loss_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
 
@@ -268,7 +287,8 @@ def run(args: argparse.Namespace) -> None:
         "mask_token_id": mask_id,
         "method": "full fine-tuning" if args.full else f"LoRA r={args.lora_r} + trainable [M] row",
         "steps": trainer.state.global_step,
-        "batch": args.batch_size * args.grad_accum,
+        "batch": args.batch_size * args.grad_accum * targs.world_size,
+        "processes": targs.world_size,
         "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
     }

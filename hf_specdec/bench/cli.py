@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cli import add_model_arguments
 from ..errors import SpecDecError
 
 
@@ -36,11 +37,7 @@ def add_parser(sub) -> None:
         default="fp32",
         help="auto: bf16 where the CPU has native bf16 (AVX512-BF16 / AMX) or on a GPU, else fp32",
     )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="PATH_OR_ID of any HF causal LM (default: the embedded SmolLM2-135M-Instruct)",
-    )
+    add_model_arguments(p, "--model", "any HF causal LM")
     p.add_argument(
         "--tie-tol",
         type=float,
@@ -85,6 +82,7 @@ def run(args) -> int:
         dtype=args.dtype,
         out=args.out,
         model=args.model,
+        gguf_file=args.gguf_file,
         tie_tol=args.tie_tol,
         options=options,
         command=args.command_line,

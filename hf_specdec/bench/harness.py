@@ -78,6 +78,7 @@ def run_bench(
     dtype: str = "fp32",
     out: str | Path = "bench-out",
     model: str | None = None,
+    gguf_file: str | None = None,
     tie_tol: float | None = None,
     options: dict | None = None,
     command: str | None = None,
@@ -91,7 +92,7 @@ def run_bench(
     names = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
     classes = [get_method(n) for n in names]  # unknown names fail here, before any loading
     datasets = {t: load_task(t, None, limit) for t in tasks}  # unknown tasks / missing packages fail early
-    target, tokenizer = load_target(model, dtype)
+    target, tokenizer = load_target(model, dtype, gguf_file=gguf_file)
     torch_dtype = resolve_dtype(dtype)
     tie_tol = DEFAULT_TIE_TOL.get(torch_dtype) if tie_tol is None else tie_tol
     ctx = BenchContext(target, tokenizer, dtype, options or {})
@@ -144,6 +145,7 @@ def run_bench(
         "command": command or "",
         "config": {
             "model": model or "default (SmolLM2-135M-Instruct)",
+            **({"gguf_file": gguf_file} if gguf_file else {}),
             "dtype": dtype,
             "dtype_requested": requested_dtype,
             "limit": limit,

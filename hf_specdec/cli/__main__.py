@@ -1,8 +1,8 @@
-"""``python -m hf_specdec.cli``: the ``hf-specdec`` command, as torchrun launches it (``tests/test_distributed_training``)."""
+"""``python -m hf_specdec.cli``: the ``hf-specdec`` command (what ``torchrun`` / ``accelerate launch`` start)."""
 
 import sys
 
-from . import main
+from hf_specdec.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,17 +7,15 @@ import time
 
 import torch
 
+from . import add_model_arguments
+
 # Fastest first; the first one that is available is shown.
 PREFERENCE = ["pld-plus-h", "pld-plus-a", "hf-pld"]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="generate with plain greedy and the fastest method, side by side")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="PATH_OR_ID of any HF causal LM (default: the embedded SmolLM2-135M-Instruct)",
-    )
+    add_model_arguments(p, "--model", "any HF causal LM")
     p.add_argument(
         "--dtype",
         choices=["fp32", "bf16", "auto"],
@@ -49,7 +47,7 @@ def run(args) -> int:
 
     methods = available_methods()
     name = args.method or next(m for m in PREFERENCE if m in methods)
-    model, tokenizer = load_target(args.model, args.dtype)
+    model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     ctx = BenchContext(model, tokenizer, args.dtype)
     runners = {}
     for n in ("ar", name):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cli import add_model_arguments
 from ..core.tree import ROOT
 from ..errors import SpecDecError
 from .draft_state import EddDraftState
@@ -122,7 +123,7 @@ def add_parser(sub) -> None:
         default=None,
         help="EDD checkpoint (default: as the bench: runs/edd-smollm2, else shipped)",
     )
-    p.add_argument("--model", default=None, help="target folder (default: the embedded SmolLM2)")
+    add_model_arguments(p, "--model", "the target")
     p.add_argument("--tasks", default="mt-bench,humaneval,summarize")
     p.add_argument("--limit", type=int, default=10, help="prompts per task")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -154,7 +155,7 @@ def run(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     for task in tasks:
         load_task(task, None, args.limit)
-    model, tokenizer = load_target(args.model, "fp32")
+    model, tokenizer = load_target(args.model, "fp32", gguf_file=args.gguf_file)
     edd = EddForCausalLM.from_pretrained(find_edd_checkpoint(args.drafter), target=model).eval()
     data = {t: load_task(t, tokenizer, args.limit) for t in tasks}
     proposers = {name: EddTreeProposer(edd, name.split()[0], **kw) for name, kw in builders}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..cli import add_model_arguments
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
 from .heads_file import (  # noqa: F401  (re-exported: the heads file's API)
@@ -127,7 +128,7 @@ def add_parser(sub) -> None:
         description="pld-plus.txt §4.2.1: greedy-generate for the task's prompts and rank every attention head by "
         "how often its maximum attention falls on the context position the generated token was copied from.",
     )
-    p.add_argument("--model", default=None, help="PATH_OR_ID of a causal LM (default: the embedded SmolLM2)")
+    add_model_arguments(p, "--model", "a causal LM")
     p.add_argument("--task", default="summarize", help="task whose prompts are used (default: summarize)")
     p.add_argument("--limit", type=int, default=10, help="number of prompts (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -151,7 +152,7 @@ def run(args) -> int:
     if args.limit < 1 or args.max_new_tokens < 1:
         raise SpecDecError("--limit and --max-new-tokens must be at least 1")
     load_task(args.task, None, 1)  # unknown task: fail before loading the model
-    model, tokenizer = load_target(args.model, args.dtype)
+    model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     ds = load_task(args.task, tokenizer, args.limit)
     prompts = [tokenizer(row["prompt"], return_tensors="pt").input_ids[0] for row in ds]
     hits, events = find_induction_heads(

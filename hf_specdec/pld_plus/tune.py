@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cli import parse_floats, parse_ints
+from ..cli import add_model_arguments, parse_floats, parse_ints
 from ..core.generate_io import eos_token_ids
 from ..core.verify_cost import CostCurve, forward_times, interpolate
 from .defaults import DEFAULT_PRIORS
@@ -141,7 +141,7 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--model", default=None)
+    add_model_arguments(p, "--model", "the target")
     p.add_argument("--layers", default="all", help="hidden-state indices to sweep, or 'all' (default)")
     p.add_argument("--sweep-k", type=int, default=10, help="K while sweeping layers / heads (paper: 10)")
     p.add_argument("--ks", default="5,8,10,12,16,20,30", help="K values tried at the chosen layer / heads")
@@ -168,7 +168,7 @@ def run(args) -> int:
     from .attention_capture import capture_selected_attention
     from .heads_file import default_heads_file, read_heads_file
 
-    model, tokenizer = load_target(args.model, args.dtype)
+    model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     ds = load_task(args.task, tokenizer, args.limit)
     eos = set(eos_token_ids(model.generation_config))
     n_layers = model.config.num_hidden_layers
