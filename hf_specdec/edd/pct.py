@@ -149,13 +149,16 @@ def grow_fixed(expander: Expander, width: int = VCT_WIDTH, depth: int = VCT_DEPT
     tree = GrownTree()
     frontier = [ROOT]
     for _ in range(depth):
-        probs = expander.expand(frontier, tree)
-        tree.expansions += 1
-        tokens, confs = _top_children(probs, width, getattr(expander, "token_ids", None))
-        frontier = [
-            tree.add(t, parent, c) for parent, ts, cs in zip(frontier, tokens, confs) for t, c in zip(ts, cs)
-        ]
+        frontier = _expand_layer(expander, tree, frontier, width)
     return tree
+
+
+def _expand_layer(expander: Expander, tree: GrownTree, frontier: list[int], k: int) -> list[int]:
+    """One drafter expansion of ``frontier``: each node gets its ``k`` most confident children; returns them."""
+    probs = expander.expand(frontier, tree)
+    tree.expansions += 1
+    tokens, confs = _top_children(probs, k, getattr(expander, "token_ids", None))
+    return [tree.add(t, parent, c) for parent, ts, cs in zip(frontier, tokens, confs) for t, c in zip(ts, cs)]
 
 
 def grow_eagle2(
@@ -165,12 +168,7 @@ def grow_eagle2(
     tree = GrownTree()
     frontier = [ROOT]
     for _ in range(depth):
-        probs = expander.expand(frontier, tree)
-        tree.expansions += 1
-        tokens, confs = _top_children(probs, topk, getattr(expander, "token_ids", None))
-        layer = [
-            tree.add(t, parent, c) for parent, ts, cs in zip(frontier, tokens, confs) for t, c in zip(ts, cs)
-        ]
+        layer = _expand_layer(expander, tree, frontier, topk)
         frontier = sorted(layer, key=lambda i: -tree.estimate[i])[:topk]
     return rerank(tree, total_tokens)
 
