@@ -67,6 +67,17 @@ def test_results_schema_report_and_chart(tiny_checkpoint, tmp_path):
     assert ar["speedup"] == 1.0 and ar["tau"] == 1.0 and ar["alpha"] is None
     assert "| code-edit | hf-pld |" in (out / "report.md").read_text()
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert saved["drafter_cost"] == {} and "drafter cost" not in (out / "report.md").read_text()  # no drafter here
+
+
+@pytest.mark.real
+def test_bench_reports_each_drafters_cost(tmp_path):
+    """c (one draft forward over one target forward) beside every drafter method; a shared drafter is timed once."""
+    results = run_bench(["glide", "edd", "edd-pct"], ["mt-bench"], limit=1, max_new_tokens=4, out=tmp_path)
+    costs = results["drafter_cost"]
+    assert set(costs) == {"glide", "edd", "edd-pct"} and costs["edd"] == costs["edd-pct"]
+    assert all(c > 0 for c in costs.values())
+    assert f"`glide` {costs['glide']:.3f}" in (tmp_path / "report.md").read_text()
 
 
 def test_forward_meter_infers_chain_stats():

@@ -26,49 +26,13 @@ from pathlib import Path
 import torch
 
 from hf_specdec.cli import add_model_arguments
-from hf_specdec.core.timing import device_of, median_seconds
+from hf_specdec.core.drafter_cost import draft_step_costs  # noqa: F401  (re-exported: tests and callers)
 from hf_specdec.errors import SpecDecError
 
 
 def expected_tokens(a: float, gamma: int) -> float:
     """Tokens per verification of a chain of ``gamma`` drafts, each accepted with probability ``a`` (bonus included)."""
     return float(gamma + 1) if a >= 1 else (1 - a ** (gamma + 1)) / (1 - a)
-
-
-@torch.no_grad()
-def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> dict[int, float]:
-    """``c(V)`` for each V: the drafter's forward over one token (after ``context`` target tokens) plus a V-row head,
-    over the target's one-token forward after the same context, both timed here (median of 20)."""
-    from transformers import DynamicCache
-
-    device = device_of(target)
-    ids = torch.randint(3, target.config.vocab_size, (1, context + 1), device=device)
-    cache = DynamicCache(config=target.config)
-    out = target.base_model(
-        input_ids=ids[:, :-1], past_key_values=cache, **(drafter.target_forward_kwargs() or {})
-    )
-
-    def target_step():
-        target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)
-        cache.crop(-1)
-
-    t_target = median_seconds(target_step, device)
-    step_context = drafter.context_from_features(
-        {k: v[..., -1:, :] for k, v in drafter.features_from_target(out).items()}, ids[:, -1:]
-    )
-    t_layer = median_seconds(
-        lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context), device
-    )
-    head = target.get_output_embeddings().weight
-    hidden = torch.randn(1, head.shape[1], dtype=head.dtype, device=device)
-    whole = head.shape[0] if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
-    costs = {}
-    for v in sizes:
-        rows = head[: v or whole].contiguous()
-        costs[v] = (
-            t_layer + median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows), device)
-        ) / t_target
-    return costs
 
 
 def vocab_table(

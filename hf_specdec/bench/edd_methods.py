@@ -58,7 +58,7 @@ class EddChain(Method):
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
-        self.edd = load_edd(ctx)
+        self.edd = self.drafter = load_edd(ctx)
         if "gamma" in ctx.options:
             self.edd.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
 
@@ -85,7 +85,8 @@ class _EddTree(Method):
             )
         elif self.builder == "eagle2":
             kwargs = dict(total_tokens=int(o.get("eagle2_total", 50)))
-        self.proposer = EddTreeProposer(load_edd(ctx), self.builder, **kwargs)
+        self.drafter = load_edd(ctx)
+        self.proposer = EddTreeProposer(self.drafter, self.builder, **kwargs)
 
     def generate(self, input_ids, max_new_tokens):
         from hf_specdec.core.tree_decoding import tree_generate

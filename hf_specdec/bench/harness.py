@@ -108,6 +108,7 @@ def run_bench(
     warm = tokenizer(next(iter(datasets.values()))[0]["prompt"], return_tensors="pt").input_ids
     for runner in runners.values():
         runner.generate(warm, 8)
+    drafter_costs = measure_drafter_costs(runners, target)
 
     records: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in names for t in tasks}
     bar = tqdm(total=total, desc="bench prompts", unit="prompt")
@@ -160,10 +161,27 @@ def run_bench(
             "torch": torch.__version__,
         },
         "runs": runs,
+        "drafter_cost": drafter_costs,
         "per_prompt": {f"{m}/{t}": r for (m, t), r in records.items()},
     }
     write_outputs(results, Path(out))
     return results
+
+
+def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
+    """c per drafter method (``core.drafter_cost``): one draft forward over one target forward, timed here; a
+    drafter shared by several methods is timed once."""
+    from ..core.drafter_cost import drafter_cost
+
+    timed: dict[int, float] = {}
+    costs = {}
+    for name, runner in runners.items():
+        if runner.drafter is not None:
+            key = id(runner.drafter)
+            if key not in timed:
+                timed[key] = drafter_cost(runner.drafter, target)
+            costs[name] = round(timed[key], 4)
+    return costs
 
 
 def _fmt(v, pattern="{:.2f}") -> str:
@@ -199,6 +217,12 @@ def report_markdown(results: dict) -> str:
         "alpha = accepted / drafted tokens; shares are of wall time (draft share = all time outside target forwards).",
         "",
     ]
+    if results.get("drafter_cost"):
+        costs = ", ".join(f"`{m}` {c:.3f}" for m, c in results["drafter_cost"].items())
+        lines += [
+            f"drafter cost c (one draft forward / one target forward, timed here, {cfg['dtype']}): {costs}",
+            "",
+        ]
     failures = [(r["method"], r["task"], f) for r in results["runs"] for f in r["failures"]]
     if failures:
         lines += (

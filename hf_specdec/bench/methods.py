@@ -38,6 +38,7 @@ class BenchContext:
 class Method:
     name = ""
     description = ""
+    drafter = None  # a drafter model (GLIDE / EDD) whose cost c the bench reports; None for the others
 
     def setup(self, ctx: BenchContext) -> None:
         self.ctx = ctx

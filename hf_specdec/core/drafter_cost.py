@@ -1,0 +1,51 @@
+"""The drafter's cost c: one draft forward (the drafter's layer over one token, plus its head) over one forward of the
+target over one token, both after the same context and timed on this machine (edd-pct.txt §3.2 calls the two step
+times s_d and s_t; c = s_d / s_t). Reported by the bench beside each drafter method, and used by ``draft-vocab`` to
+size a draft vocabulary (c(V) for a V-row head)."""
+
+from __future__ import annotations
+
+import torch
+
+from .timing import device_of, median_seconds
+
+
+@torch.no_grad()
+def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> dict[int, float]:
+    """``c(V)`` for each V: the drafter's forward over one token (after ``context`` target tokens) plus a V-row head,
+    over the target's one-token forward after the same context, both timed here (median of 20)."""
+    from transformers import DynamicCache
+
+    device = device_of(target)
+    ids = torch.randint(3, target.config.vocab_size, (1, context + 1), device=device)
+    cache = DynamicCache(config=target.config)
+    out = target.base_model(
+        input_ids=ids[:, :-1], past_key_values=cache, **(drafter.target_forward_kwargs() or {})
+    )
+
+    def target_step():
+        target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)
+        cache.crop(-1)
+
+    t_target = median_seconds(target_step, device)
+    step_context = drafter.context_from_features(
+        {k: v[..., -1:, :] for k, v in drafter.features_from_target(out).items()}, ids[:, -1:]
+    )
+    t_layer = median_seconds(
+        lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context), device
+    )
+    head = target.get_output_embeddings().weight
+    hidden = torch.randn(1, head.shape[1], dtype=head.dtype, device=device)
+    whole = head.shape[0] if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
+    costs = {}
+    for v in sizes:
+        rows = head[: v or whole].contiguous()
+        costs[v] = (
+            t_layer + median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows), device)
+        ) / t_target
+    return costs
+
+
+def drafter_cost(drafter, target, context: int = 256) -> float:
+    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``."""
+    return draft_step_costs(drafter, target, [0], context)[0]
