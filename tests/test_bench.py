@@ -67,7 +67,9 @@ def test_results_schema_report_and_chart(tiny_checkpoint, tmp_path):
     assert ar["speedup"] == 1.0 and ar["tau"] == 1.0 and ar["alpha"] is None
     assert "| code-edit | hf-pld |" in (out / "report.md").read_text()
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
-    assert saved["drafter_cost"] == {} and "drafter cost" not in (out / "report.md").read_text()  # no drafter here
+    assert (
+        saved["drafter_cost"] == {} and "drafter cost" not in (out / "report.md").read_text()
+    )  # no drafter here
 
 
 @pytest.mark.real
