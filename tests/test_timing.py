@@ -57,3 +57,26 @@ def test_pct_step_timer_times_through_the_helper(monkeypatch):
     )
     assert proposer.calibrated and proposer.timer.s_d is not None and proposer.timer.s_t is not None
     assert len(calls) >= 4 and set(calls) == {torch.device("cpu")}
+
+
+def test_decoding_statistics_time_through_the_helper(monkeypatch):
+    """The reported draft / verify / total times (tree decoding, the bench's ForwardMeter) wait for the device too."""
+    from hf_specdec.core.ngram_tree import NGramTreeProposer
+    from hf_specdec.core.stats import DecodeStats, ForwardMeter
+
+    calls = _record(monkeypatch)
+    model = tiny_llama()
+    ids = torch.arange(3, 30)[None]
+    stats = DecodeStats()
+    with ForwardMeter(model) as meter:
+        model.generate(
+            ids,
+            max_new_tokens=6,
+            do_sample=False,
+            custom_generate=tree_generate,
+            proposer=NGramTreeProposer(),
+            stats=stats,
+        )
+    assert meter.calls >= 2 and set(calls) == {torch.device("cpu")}
+    # per forward: ForwardMeter's start and end, the loop's verify start and end; plus the loop's draft and total
+    assert len(calls) >= 4 * meter.calls + 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ from tqdm.auto import tqdm
 
 from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
 from ..core.stats import DecodeStats, ForwardMeter
+from ..core.timing import clock
 from ..errors import SpecDecError
 from ..machine import describe_machine, machine_line, resolve_auto_dtype
 from ..target import load_target, resolve_dtype
@@ -29,9 +29,9 @@ REFERENCE = "ar"
 
 def _run_one(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], DecodeStats]:
     with ForwardMeter(model) as meter:
-        t0 = time.perf_counter()
+        t0 = clock(meter.device)
         tokens, stats = method.generate(input_ids, max_new_tokens)
-        elapsed = time.perf_counter() - t0
+        elapsed = clock(meter.device) - t0
     tokens = [int(t) for t in tokens]
     if stats is None:
         stats = meter.chain_stats(input_ids.shape[1], len(tokens), elapsed)

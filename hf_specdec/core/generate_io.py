@@ -15,7 +15,6 @@ does with its own. The older per-method keywords (``tree_streamer=``, ``pld_stre
 from __future__ import annotations
 
 import inspect
-import time
 import warnings
 from collections.abc import Sequence
 
@@ -29,6 +28,7 @@ from ..errors import SpecDecError
 from ..hf_compat import attn_implementation
 from .kv_cache import check_cache_supported
 from .stats import DecodeStats
+from .timing import clock
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D attention mask
 NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
@@ -165,9 +165,9 @@ class GenerateOutputs:
         return GenerateDecoderOnlyOutput(sequences=input_ids, **kept, past_key_values=cache)
 
 
-def finish(stats: DecodeStats, streamer, t_start: float) -> None:
-    """End the stream and total the statistics of a generation that started at ``t_start``."""
+def finish(stats: DecodeStats, streamer, t_start: float, device: torch.device) -> None:
+    """End the stream and total the statistics of a generation that started at ``t_start`` (``clock(device)``)."""
     if streamer is not None:
         streamer.end()
     stats.new_tokens = sum(s["new_tokens"] for s in stats.steps)
-    stats.total_time += time.perf_counter() - t_start
+    stats.total_time += clock(device) - t_start

@@ -11,10 +11,11 @@ Names used throughout the project (Spec-Bench / the papers):
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from .timing import clock, device_of
 
 
 @dataclass
@@ -58,17 +59,18 @@ class ForwardMeter:
         self.query_lengths: list[int] = []
         self._t0 = 0.0
         self._handles: list = []
+        self.device = device_of(module)  # timed regions wait for it (core/timing.py)
 
     def _pre(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
             ids = kwargs.get("inputs_embeds")
         self.query_lengths.append(int(ids.shape[1]) if ids is not None else 0)
-        self._t0 = time.perf_counter()
+        self._t0 = clock(self.device)
 
     def _post(self, module, args, kwargs, output):
         self.calls += 1
-        self.time += time.perf_counter() - self._t0
+        self.time += clock(self.device) - self._t0
 
     def __enter__(self) -> ForwardMeter:
         self._handles = [

@@ -4,8 +4,10 @@ CUDA kernels run asynchronously: ``time.perf_counter()`` right after a forward m
 Every timed region therefore starts and ends with :func:`clock`, which first waits for the device to finish what
 is queued (``torch.cuda.synchronize(device)`` on a CUDA device; nothing on the CPU, whose work is synchronous).
 Users: the verification cost curve (``core/verify_cost.py``: CAPE's trim, PLD+'s adaptive ``K``), the PCT
-``StepTimer``'s ``s_d`` / ``s_t`` (``edd/tree_proposer.py``) and the draft-vocabulary costs
-(``trainers/draft_vocab.py``).
+``StepTimer``'s ``s_d`` / ``s_t`` (``edd/tree_proposer.py``), the drafter cost c (``core/drafter_cost.py``: the
+bench and draft-vocab), and the reported statistics: the decoding loops' draft / verify / total times
+(``core/tree_decoding.py``, ``space/decoding.py``, the GLIDE / EDD chain generators) and the bench's timed
+generations and ``ForwardMeter``.
 """
 
 from __future__ import annotations

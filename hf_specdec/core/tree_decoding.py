@@ -18,7 +18,6 @@ token. Batch size 1, decoder-only models, ``sdpa`` or ``eager`` attention. Pass 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +40,7 @@ from .generate_io import (
 )
 from .kv_cache import check_tree_support, compact_cache
 from .stats import DecodeStats
+from .timing import clock
 from .tree import TokenTree, additive_mask
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ def tree_generate(
     as ``_sample`` does). ``stats``, if given, is filled with per-step numbers (``DecodeStats.steps``).
     ``tree_streamer`` is the deprecated name of ``specdec_streamer``.
     """
-    t_start = time.perf_counter()
+    device = input_ids.device  # the model's (check_inputs); timed regions wait for it (core/timing.py)
+    t_start = clock(device)
     if proposer is None:
         raise SpecDecError(
             "tree_generate needs a proposer: generate(..., custom_generate=tree_generate, proposer=...)"
@@ -140,9 +141,9 @@ def tree_generate(
     cache, past = prepare_cache(model, input_ids, model_kwargs)
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
 
-    t0 = time.perf_counter()
+    t0 = clock(device)
     proposer.start(model, input_ids, cfg)
-    stats.draft_time += time.perf_counter() - t0
+    stats.draft_time += clock(device) - t0
 
     # The prefill is the first verification: the prompt tokens not in the cache yet, no tree below the last one.
     prefix, tree, draft_s, warned, is_prefill = past, TokenTree.empty(input_ids.device), 0.0, False, True
@@ -151,7 +152,7 @@ def tree_generate(
     mask = None
     while True:
         n = len(tree)
-        t0 = time.perf_counter()
+        t0 = clock(device)
         out = model(
             input_ids=fed,
             position_ids=positions,
@@ -163,7 +164,7 @@ def tree_generate(
             return_dict=True,
             **logits_to_keep(model, 1 + n),
         )
-        verify_s = time.perf_counter() - t0
+        verify_s = clock(device) - t0
         logits = out.logits[0, -(1 + n) :].to(torch.float32)  # row 0: the root (the prompt's last token)
         if n and int(tree.tokens.max()) >= logits.shape[-1]:
             raise SpecDecError(
@@ -205,7 +206,7 @@ def tree_generate(
             attn,
             is_prefill,
         )
-        draft_s += _observe(proposer, stats, feedback)
+        draft_s += _observe(proposer, stats, feedback, device)
         stats.steps.append(
             dict(
                 nodes=n,
@@ -225,7 +226,7 @@ def tree_generate(
         fed, positions = tree.flat_tokens(input_ids[0, -1]), tree.position_ids(prefix)
         mask = additive_mask(tree.attention_mask(prefix), model.dtype) if len(tree) else None
 
-    finish(stats, streamer, t_start)
+    finish(stats, streamer, t_start, device)
     return outputs.result(input_ids, cache)
 
 
@@ -233,9 +234,9 @@ def _propose(proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, c
     """The proposer's tree for the next step (cut to the length budget; empty near a sliding window), the seconds
     it took, and whether the sliding-window warning has been given."""
     budget = max_length - input_ids.shape[1] - 1
-    t0 = time.perf_counter()
+    t0 = clock(input_ids.device)
     tree = proposer.propose(input_ids, budget)
-    draft_s = time.perf_counter() - t0
+    draft_s = clock(input_ids.device) - t0
     tree = tree.truncate_depth(max(budget, 0))
     tree.tokens = tree.tokens.to(input_ids.device)
     if len(tree) and not check_tree_support(cache, 1 + len(tree)):
@@ -258,9 +259,11 @@ def _add_states(outputs: GenerateOutputs, hidden, attn, prefix: int, kept: int, 
             outputs.attentions.append(tuple(a[:, :, lo:hi, : prefix + hi] for a in attn))
 
 
-def _observe(proposer: TreeProposer, stats: DecodeStats, feedback: StepFeedback) -> float:
-    t0 = time.perf_counter()
+def _observe(
+    proposer: TreeProposer, stats: DecodeStats, feedback: StepFeedback, device: torch.device
+) -> float:
+    t0 = clock(device)
     proposer.observe(feedback)
-    dt = time.perf_counter() - t0
+    dt = clock(device) - t0
     stats.draft_time += dt
     return dt

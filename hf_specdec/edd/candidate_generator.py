@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..core.chain_drafting import draft_token, init_chain_drafting
+from ..core.timing import clock
 from ..errors import SpecDecError
 from .draft_state import EddDraftState
 
@@ -42,7 +41,7 @@ class EddCandidateGenerator(CandidateGenerator):
 
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, model_outputs=None, **kwargs):
-        t0 = time.perf_counter()
+        t0 = clock(input_ids.device)
         self._take_hidden(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
         budget = min(self.num_draft_tokens, self.max_length - cur_len - 1)
@@ -61,7 +60,7 @@ class EddCandidateGenerator(CandidateGenerator):
                 break
             hidden = self.state.chain_step(token, sequence.shape[1] - 1)
         self.prev_total = sequence.shape[1]
-        self.draft_time += time.perf_counter() - t0
+        self.draft_time += clock(input_ids.device) - t0
         return sequence, (torch.stack(scores, dim=1) if self.do_sample else None)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:

@@ -19,13 +19,12 @@ cross-attention drafter proposes nothing and that round is the target's ordinary
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..core.chain_drafting import draft_token, init_chain_drafting
+from ..core.timing import clock
 
 
 class GlideDraftCache:
@@ -87,7 +86,7 @@ class GlideCandidateGenerator(CandidateGenerator):
 
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, **kwargs):
-        t0 = time.perf_counter()
+        t0 = clock(input_ids.device)
         cur_len = input_ids.shape[1]
         budget = min(self.num_draft_tokens, self.max_length - cur_len - 1)
         target_cache = (model_kwargs or {}).get("past_key_values")
@@ -109,7 +108,7 @@ class GlideCandidateGenerator(CandidateGenerator):
             step_ids = token
             if int(token) in self.eos:
                 break
-        self.draft_time += time.perf_counter() - t0
+        self.draft_time += clock(input_ids.device) - t0
         candidate_logits = torch.stack(scores, dim=1) if self.do_sample else None
         return sequence, candidate_logits
 

@@ -33,8 +33,6 @@ Use ``model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -53,6 +51,7 @@ from ..core.generate_io import (
 )
 from ..core.kv_cache import compact_cache
 from ..core.stats import DecodeStats
+from ..core.timing import clock
 from ..core.tree import TokenTree, additive_mask
 from ..errors import SpecDecError
 
@@ -126,7 +125,7 @@ def space_generate(
     top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
     ``specdec_streamer``: a streamer fed the prompt, then every emitted token (``core/generate_io.py``).
     """
-    t_start = time.perf_counter()
+    t_start = clock(input_ids.device)
     check_inputs(model, input_ids, model_kwargs, synced_gpus, "SPACE decoding")
     k, mask_id = _space_config(model, num_masks, mask_token_id)
     cfg = generation_config or model.generation_config
@@ -156,7 +155,7 @@ def space_generate(
         local = attention_mask(is_mask)
         full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
         rows = len(ids) - len(pending) + 1  # rows from x_l on
-        t0 = time.perf_counter()
+        t0 = clock(device)
         out = model(
             input_ids=torch.tensor([ids], device=device),
             position_ids=positions(local, past)[None],
@@ -166,7 +165,7 @@ def space_generate(
             return_dict=True,
             **logits_to_keep(model, rows),
         )
-        verify_s = time.perf_counter() - t0
+        verify_s = clock(device) - t0
         logits = out.logits[0, -rows:]  # row 0 = x_l
         del out
 
@@ -202,6 +201,6 @@ def space_generate(
         stats.verify_time += verify_s
         stats.steps.append(dict(drafted=c, accepted=n_acc, new_tokens=m, fed=len(ids), verify_s=verify_s))
 
-    finish(stats, streamer, t_start)
+    finish(stats, streamer, t_start, input_ids.device)
     stats.draft_time = max(stats.total_time - stats.verify_time, 0.0)
     return outputs.result(input_ids, cache)
