@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import textwrap
-import time
 
 import torch
 
+from ..core.timing import clock
 from . import add_model_arguments
 
 # Fastest first; the first one that is available is shown.
@@ -61,10 +61,10 @@ def run(args) -> int:
         ids = tokenizer(row["prompt"], return_tensors="pt").input_ids.to(model.device)
         out = {}
         for n, r in runners.items():
-            t0 = time.perf_counter()
+            t0 = clock(model.device)
             with torch.no_grad():
                 tokens, _ = r.generate(ids, args.max_new_tokens)
-            dt = time.perf_counter() - t0
+            dt = clock(model.device) - t0
             out[n] = (tokens.tolist(), dt)
             totals[n][0] += len(tokens)
             totals[n][1] += dt
