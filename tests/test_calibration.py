@@ -156,6 +156,13 @@ def test_train_edd_ends_calibrated_and_records_it(tmp_path):
     assert main([*argv, "--draft-vocab", "1024"]) == 0
     t = EddConfig.from_pretrained(out).confidence_temperature
     assert 0.25 <= t <= 4.0 and t != 1.0
-    card = json.loads((out / "model_card.json").read_text())["calibration"]
+    info = json.loads((out / "model_card.json").read_text())
+    card = info["calibration"]
     assert card.startswith(f"confidence temperature {t:g} ")
     assert card in (out / "README.md").read_text()
+    cost = info["cost"]  # the drafter's c in fp32 and bf16, and the machine it was timed on, on the card too
+    assert cost["fp32"] > 0 and cost["bf16"] > 0 and cost["machine"].endswith("bf16")
+    assert (
+        f"| fp32 {cost['fp32']}, bf16 {cost['bf16']}, machine {cost['machine']} |"
+        in (out / "README.md").read_text()
+    )

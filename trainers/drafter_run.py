@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_specdec.core.drafter_cost import costs_by_dtype
 from hf_specdec.errors import SpecDecError
 
 
@@ -194,6 +195,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         if sys.argv and "hf-specdec" in sys.argv[0]
         else "",
     }
+    info["cost"] = costs_by_dtype(drafter, target)  # c in fp32 and bf16 on this machine
     if args.measure_prompts:
         info["measured"] = recipe.measure(target, tokenizer, drafter, args.measure_prompts)
         print(f"measured on {args.measure_prompts} mt-bench prompts: {info['measured']}")

@@ -111,6 +111,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("validation", "validation (held-out ShareGPT, L = 5)"),
         ("calibration", "confidence calibration for PCT (validation, `hf-specdec calibrate`)"),
         ("measured", "measured (greedy, mt-bench)"),
+        ("cost", "drafter cost c (one draft forward / one target forward, `core/drafter_cost.py`)"),
         ("command", "command"),
     ]
     footnote = (

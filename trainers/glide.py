@@ -108,6 +108,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("validation", "validation (held-out ShareGPT)"),
         ("measured", "measured (greedy, `target.generate(assistant_model=...)`)"),
         ("bench", "bench"),
+        ("cost", "drafter cost c (one draft forward / one target forward, `core/drafter_cost.py`)"),
         ("command", "command"),
     ]
     footnote = (

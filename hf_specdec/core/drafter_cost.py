@@ -46,6 +46,25 @@ def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> d
     return costs
 
 
-def drafter_cost(drafter, target, context: int = 256) -> float:
-    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``."""
-    return draft_step_costs(drafter, target, [0], context)[0]
+def drafter_cost(drafter, target, context: int = 256, rounds: int = 5) -> float:
+    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``: the median of
+    ``rounds`` measurements (one round's ratio drifts by +-20% on a 2-core CPU, as the two sides are timed apart)."""
+    samples = sorted(draft_step_costs(drafter, target, [0], context)[0] for _ in range(rounds))
+    return samples[len(samples) // 2]
+
+
+def costs_by_dtype(drafter, target) -> dict:
+    """c in fp32 and in bf16 (copies cast to bf16; the originals are untouched) and the machine they were timed on:
+    what a drafter's model card records."""
+    import copy
+
+    from ..machine import describe_machine, machine_line
+
+    costs = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        d = copy.deepcopy(drafter).to(dtype)  # the copy carries its own copy of the attached target
+        t = d.target.to(dtype)
+        costs[name] = round(drafter_cost(d, t), 4)
+        del d, t
+    costs["machine"] = machine_line(describe_machine(device_of(target)))
+    return costs
