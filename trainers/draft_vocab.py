@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.cli import add_model_arguments
-from hf_specdec.core.drafter_cost import draft_step_costs  # noqa: F401  (re-exported: tests and callers)
+from hf_specdec.core.drafter_cost import draft_step_costs
 from hf_specdec.errors import SpecDecError
 
 

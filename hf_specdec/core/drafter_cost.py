@@ -11,9 +11,13 @@ from .timing import device_of, median_seconds
 
 
 @torch.no_grad()
-def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> dict[int, float]:
+def draft_step_costs(
+    drafter, target, sizes: list[int], context: int = 256, rounds: int = 1
+) -> dict[int, float]:
     """``c(V)`` for each V: the drafter's forward over one token (after ``context`` target tokens) plus a V-row head,
-    over the target's one-token forward after the same context, both timed here (median of 20)."""
+    over the target's one-token forward after the same context, both timed here (median of 20 calls each); with
+    ``rounds`` > 1, the median of that many such ratios over the one prefilled context (one round's ratio drifts by
+    +-20% on a 2-core CPU, as the two sides are timed apart)."""
     from transformers import DynamicCache
 
     device = device_of(target)
@@ -27,30 +31,28 @@ def draft_step_costs(drafter, target, sizes: list[int], context: int = 256) -> d
         target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)
         cache.crop(-1)
 
-    t_target = median_seconds(target_step, device)
     step_context = drafter.context_from_features(
         {k: v[..., -1:, :] for k, v in drafter.features_from_target(out).items()}, ids[:, -1:]
-    )
-    t_layer = median_seconds(
-        lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context), device
     )
     head = target.get_output_embeddings().weight
     hidden = torch.randn(1, head.shape[1], dtype=head.dtype, device=device)
     whole = head.shape[0] if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
-    costs = {}
-    for v in sizes:
-        rows = head[: v or whole].contiguous()
-        costs[v] = (
-            t_layer + median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows), device)
-        ) / t_target
-    return costs
+    heads = {v: head[: v or whole].contiguous() for v in sizes}
+    samples: dict[int, list[float]] = {v: [] for v in sizes}
+    for _ in range(rounds):
+        t_target = median_seconds(target_step, device)
+        t_layer = median_seconds(
+            lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context), device
+        )
+        for v, rows in heads.items():
+            t_head = median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows), device)
+            samples[v].append((t_layer + t_head) / t_target)
+    return {v: sorted(s)[len(s) // 2] for v, s in samples.items()}
 
 
 def drafter_cost(drafter, target, context: int = 256, rounds: int = 5) -> float:
-    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``: the median of
-    ``rounds`` measurements (one round's ratio drifts by +-20% on a 2-core CPU, as the two sides are timed apart)."""
-    samples = sorted(draft_step_costs(drafter, target, [0], context)[0] for _ in range(rounds))
-    return samples[len(samples) // 2]
+    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``, over ``rounds``."""
+    return draft_step_costs(drafter, target, [0], context, rounds)[0]
 
 
 def costs_by_dtype(drafter, target) -> dict:
