@@ -181,10 +181,8 @@ def test_sliding_window_model_falls_back_and_stays_exact():
 
 def test_errors_are_clear():
     model = tiny_llama()
-    with pytest.raises(SpecDecError, match="batch size 1"):
-        _greedy(
-            model, torch.randint(3, 97, (2, 4)), 4, custom_generate=tree_generate, proposer=TreeProposer()
-        )
+    with pytest.raises(SpecDecError, match="empty prompt"):
+        tree_generate(model, torch.randint(3, 97, (2, 0)), proposer=TreeProposer())
     with pytest.raises(SpecDecError, match="needs a proposer"):
         _greedy(model, torch.randint(3, 97, (1, 4)), 4, custom_generate=tree_generate)
 

@@ -35,9 +35,10 @@ NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
 STREAMER_KEYWORD = "specdec_streamer"
 
 
-def check_prompt(input_ids: torch.Tensor, name: str) -> None:
-    """Every entry point's prompt check (``name`` says which): batch size 1 and at least one token."""
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+def check_prompt(input_ids: torch.Tensor, name: str, batch: bool = False) -> None:
+    """Every entry point's prompt check (``name`` says which): a 2D ``(batch, length)`` tensor, batch size 1 unless
+    the entry point takes a batch (``batch``), and at least one token."""
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1 or (input_ids.shape[0] != 1 and not batch):
         raise SpecDecError(
             f"{name} supports batch size 1 only (input_ids of shape {tuple(input_ids.shape)}); loop over the prompts"
         )
@@ -48,10 +49,13 @@ def check_prompt(input_ids: torch.Tensor, name: str) -> None:
         )
 
 
-def check_inputs(model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus: bool, name: str) -> None:
+def check_inputs(
+    model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus: bool, name: str, batch: bool = False
+) -> None:
     """What a loop that verifies drafts with a custom 4D attention mask needs (``name`` says which loop):
-    :func:`check_prompt`, a decoder-only model, ``sdpa`` or ``eager`` attention, no padding, no ``synced_gpus``."""
-    check_prompt(input_ids, name)
+    :func:`check_prompt`, a decoder-only model, ``sdpa`` or ``eager`` attention, no ``synced_gpus``, and no padding
+    at batch size 1 (a batch's left padding is checked by ``batch_decoding.check_left_padded``)."""
+    check_prompt(input_ids, name, batch)
     if model.config.is_encoder_decoder:
         raise SpecDecError(f"{name} supports decoder-only models only")
     impl = attn_implementation(model)
@@ -61,7 +65,7 @@ def check_inputs(model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus
             f"take; load the target with attn_implementation='sdpa' or 'eager'"
         )
     mask = model_kwargs.get("attention_mask")
-    if mask is not None and mask.dim() == 2 and not bool(mask.all()):
+    if input_ids.shape[0] == 1 and mask is not None and mask.dim() == 2 and not bool(mask.all()):
         raise SpecDecError(f"{name} does not support padded inputs (attention_mask has zeros)")
     if synced_gpus:
         raise SpecDecError(f"{name} does not support synced_gpus")

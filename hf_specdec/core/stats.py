@@ -27,6 +27,9 @@ class DecodeStats:
     draft_time: float = 0.0
     verify_time: float = 0.0
     total_time: float = 0.0
+    batched_forwards: int = (
+        0  # batch > 1 (core/batch_decoding.py): forwards; target_forwards counts row-forwards
+    )
     steps: list[dict] = field(default_factory=list)
 
     @property

@@ -10,7 +10,8 @@ root); ONE target forward verifies ``[root, nodes...]`` with tree positions and 
 (``tree.py``); ``acceptance.py`` picks the accepted path plus one target token (greedy or lossless
 sampling); ``kv_cache.py`` compacts the cache to that path. tau (tokens per target forward) is
 ``1 + accepted`` per step. The prefill is the same verification with the prompt fed and no tree below its last
-token. Batch size 1, decoder-only models, ``sdpa`` or ``eager`` attention. Pass a streamer as
+token. Decoder-only models, ``sdpa`` or ``eager`` attention. A left-padded batch (with its ``attention_mask``) runs
+in ``batch_decoding.py``: every row drafts, is verified in one forward and accepts on its own. Pass a streamer as
 ``specdec_streamer=`` (``generate`` does not forward its own ``streamer=`` to a ``custom_generate`` callable;
 ``generate_io.py``).
 """
@@ -18,15 +19,15 @@ token. Batch size 1, decoder-only models, ``sdpa`` or ``eager`` attention. Pass 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
 from .acceptance import accept_tree
+from .batch_decoding import batched_tree_generate
 from .generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
@@ -39,57 +40,14 @@ from .generate_io import (
     stopping_criteria_or_default,
 )
 from .kv_cache import check_tree_support, compact_cache
+from .proposer import StepFeedback, TreeProposer
 from .stats import DecodeStats
 from .timing import clock
 from .tree import TokenTree, additive_mask
 
+__all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer interface lives in proposer.py
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepFeedback:
-    """What the target's forward taught us, handed to :meth:`TreeProposer.observe` after every forward.
-
-    ``input_ids`` is the committed sequence after the step; its last token is the next root and is NOT in
-    ``past_key_values`` (the target's compacted cache, length ``input_ids.shape[1] - 1``; read it, do not
-    modify it). ``hidden_states`` / ``attentions`` (only when the proposer asked for them) cover the tokens
-    this forward added to the cache, in sequence order: the whole prompt for the prefill, the root and the
-    accepted nodes for a tree step; hidden states are a per-layer tuple of ``(1, m, hidden)``, attentions a
-    per-layer tuple of ``(1, heads, m, cache_length)`` over the compacted cache.
-    """
-
-    input_ids: torch.Tensor
-    new_tokens: list[int]
-    num_accepted: int
-    accepted_nodes: list[int]
-    tree: TokenTree | None
-    past_key_values: Cache
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-    is_prefill: bool = False
-
-
-class TreeProposer:
-    """Drafts a token tree each step. Subclass and implement :meth:`propose`.
-
-    Hooks for the methods built on top: a drafter reading the target's KV cache (GLIDE/CAPE) finds it in
-    ``StepFeedback.past_key_values``; one conditioned on the target's hidden states (EDD/PCT) sets
-    ``needs_hidden_states = True``; one using attention maps (PLD+) sets ``needs_attentions = True`` (needs
-    ``attn_implementation="eager"``). Sampling proposers fill ``TokenTree.draft_probs``.
-    """
-
-    needs_hidden_states: bool = False
-    needs_attentions: bool = False
-
-    def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
-        """Called once before the prefill (reset per-generation state here)."""
-
-    def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
-        """A tree below the root ``input_ids[0, -1]``; nodes deeper than ``max_depth`` are dropped."""
-        raise NotImplementedError
-
-    def observe(self, feedback: StepFeedback) -> None:
-        """Called after every target forward (prefill included) with what was accepted."""
 
 
 def _gather_attentions(attentions, prefix_length: int, keep: torch.Tensor):
@@ -126,12 +84,32 @@ def tree_generate(
         raise SpecDecError(
             "tree_generate needs a proposer: generate(..., custom_generate=tree_generate, proposer=...)"
         )
-    check_inputs(model, input_ids, model_kwargs, synced_gpus, "tree decoding")
+    check_inputs(model, input_ids, model_kwargs, synced_gpus, "tree decoding", batch=True)
     if model_kwargs.get("use_cache") is False:
         raise SpecDecError("tree decoding needs the KV cache; do not pass use_cache=False")
     cfg = generation_config or model.generation_config
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria_or_default(stopping_criteria, cfg)
+    if input_ids.shape[0] > 1:  # a batch: every row on its own (core/batch_decoding.py)
+        if specdec_streamer is not None or tree_streamer is not None:
+            streamer = specdec_streamer if specdec_streamer is not None else tree_streamer
+        cache = model_kwargs.get("past_key_values")
+        cache = DynamicCache(config=model.config) if cache is None else cache
+        sequences = batched_tree_generate(
+            model,
+            input_ids,
+            model_kwargs.get("attention_mask"),
+            logits_processor,
+            stopping_criteria,
+            cfg,
+            proposer,
+            stats if stats is not None else DecodeStats(),
+            cache,
+            streamer,
+        )
+        if cfg.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)
+        return sequences
     streamer = resolve_streamer(input_ids, streamer, specdec_streamer, tree_streamer=tree_streamer)
     stats = stats if stats is not None else DecodeStats()
     do_sample = bool(cfg.do_sample)

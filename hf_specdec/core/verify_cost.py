@@ -24,19 +24,23 @@ _ATTR = "_hf_specdec_verify_cost"
 
 
 @torch.no_grad()
-def forward_times(model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 3) -> dict:
-    """Median seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``."""
+def forward_times(
+    model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 3, batch: int = 1
+) -> dict:
+    """Median seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``, in ``batch``
+    identical rows."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
     device = device_of(model)
     context = context.to(device)
-    model(context[None], past_key_values=cache, logits_to_keep=1)
+    model(context[None].repeat(batch, 1), past_key_values=cache, logits_to_keep=1)
     times = {}
     for q in sizes:
         samples = []
         for _ in range(repeats):
             x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
+            x = x.repeat(batch, 1)
             t0 = clock(device)
             model(x, past_key_values=cache, logits_to_keep=q)
             samples.append(clock(device) - t0)
@@ -76,11 +80,12 @@ class CostCurve:
         return "CostCurve(" + ", ".join(f"c({q})={c:.2f}" for q, c in sorted(self.relative.items())) + ")"
 
 
-def measured_cost(model, context: torch.Tensor, repeats: int = 3) -> CostCurve:
-    """The model's :class:`CostCurve` on this machine (timed once per dtype/device/threads, then cached)."""
+def measured_cost(model, context: torch.Tensor, repeats: int = 3, batch: int = 1) -> CostCurve:
+    """The model's :class:`CostCurve` on this machine (timed once per dtype/device/threads/batch, then cached).
+    ``batch``: the curve of a batch of that many rows, ``t_B(q) / t_B(1)`` (every row verifying ``q`` tokens)."""
     device = next(model.parameters()).device
-    key = (str(model.dtype), str(device), torch.get_num_threads())
+    key = (str(model.dtype), str(device), torch.get_num_threads()) + ((batch,) if batch > 1 else ())
     cache = model.__dict__.setdefault(_ATTR, {})
     if key not in cache:
-        cache[key] = CostCurve(forward_times(model, context[-64:], SIZES, repeats))
+        cache[key] = CostCurve(forward_times(model, context[-64:], SIZES, repeats, batch))
     return cache[key]

@@ -244,7 +244,8 @@ def glide_cape(
     **model_kwargs,
 ):
     """``custom_generate`` for GLIDE + CAPE: ``target.generate(**inputs, custom_generate=hf_specdec.glide_cape,
-    drafter=glide)``. Batch size 1; every ``generate`` argument works as with ``tree_generate`` (pass a streamer as
+    drafter=glide)``. A left-padded batch (with ``attention_mask``) drafts and accepts per row (``tree_generate``); every
+    ``generate`` argument works as with ``tree_generate`` (pass a streamer as
     ``specdec_streamer=``: transformers 5.23 does not forward ``streamer=`` to a ``custom_generate`` callable;
     ``tree_streamer=`` is its deprecated name).
 
@@ -262,13 +263,15 @@ def glide_cape(
             "glide_cape needs a GLIDE drafter: target.generate(..., custom_generate=hf_specdec.glide_cape, "
             "drafter=GlideForCausalLM.from_pretrained(path, target=target))"
         )
-    check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape")
+    check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
+    mask = model_kwargs.get("attention_mask")
+    first = input_ids[0] if mask is None else input_ids[0][mask[0].bool()]  # the cost curve's timing context
     proposer = CapeProposer(
         drafter,
         gamma=cape_gamma,
         expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
         logits_processor=logits_processor,
-        cost=(measured_cost(model, input_ids[0]) if cape_cost is True else (cape_cost or None)),
+        cost=(measured_cost(model, first) if cape_cost is True else (cape_cost or None)),
     )
     return tree_generate(
         model,

@@ -46,6 +46,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         cost: the measured verification cost curve; with it ``K`` adapts per step (:class:`DraftLength`), without
             it every draft has ``K`` tokens.
         priors: :class:`DraftLength`'s prior hit rates (fresh occurrence, running copy) and continuation rate.
+        batch_rows: the rows of the batch this generator drafts one row of (``cost`` is then the batch's curve).
         hidden_size / max_length: size the incremental hidden-state store (PLD+(h)); ``device``: where it lives (the
             model's; default CPU).
         layer: hidden-state index ``l`` (PLD+(h)).
@@ -72,6 +73,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         min_score: float | None = None,
         cost: CostCurve | None = None,
         priors: tuple[float, float, float] = DEFAULT_PRIORS,
+        batch_rows: int = 1,
     ):
         if variant not in ("hidden", "attention"):
             raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {variant!r}")
@@ -79,7 +81,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             raise SpecDecError(f"pld_num_tokens must be a positive integer, got {num_draft_tokens!r}")
         self.variant = variant
         self.num_draft_tokens = num_draft_tokens
-        self.lengths = DraftLength(num_draft_tokens, cost, *priors)
+        self.lengths = DraftLength(num_draft_tokens, cost, *priors, rows=batch_rows)
         self.max_length = max_length
         self.layer = layer
         self.heads = heads or {}

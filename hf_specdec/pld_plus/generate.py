@@ -14,6 +14,8 @@ import torch
 
 from ..core.assisted import run_assisted_decoding
 from ..core.generate_io import check_prompt, eos_token_ids, resolve_streamer
+from ..core.stats import DecodeStats
+from ..core.tree_decoding import tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
@@ -21,6 +23,7 @@ from .attribution import PLDPlusGenerateOutput, merge_spans
 from .candidate_generator import PLDPlusCandidateGenerator, resolve_layer
 from .defaults import DEFAULT_MAX_TOKENS, DEFAULT_MIN_SCORE, DEFAULT_PRIORS, DEFAULT_TOP_HEADS
 from .heads_file import default_heads_file, read_heads_file
+from .proposer import PLDPlusProposer
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 
@@ -32,6 +35,12 @@ def _heads_for(model, heads_file: str | Path | None, top_heads: int | None) -> d
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
     return {layer: torch.tensor(sorted(hs), dtype=torch.long) for layer, hs in by_layer.items()}
+
+
+def _first_row(input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
+    """The first row without its left padding (what the cost curve is timed on)."""
+    mask = model_kwargs.get("attention_mask")
+    return input_ids[0] if mask is None else input_ids[0][mask[0].bool()]
 
 
 def pld_plus(
@@ -54,12 +63,14 @@ def pld_plus(
     pld_return_attribution: bool = False,
     specdec_streamer=None,
     pld_streamer=None,
+    stats: DecodeStats | None = None,
     **model_kwargs,
 ):
     """``custom_generate`` for PLD+: ``model.generate(**inputs, custom_generate=hf_specdec.pld_plus, ...)``.
 
     Every ``generate`` argument works as usual (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``,
-    ``return_dict_in_generate`` ...); batch size 1, like all of transformers' assisted decoding.
+    ``return_dict_in_generate`` ...). A left-padded batch with its ``attention_mask`` runs PLD+(h) per row in the
+    tree core (``proposer.py``; transformers' assisted loop takes batch size 1 only).
 
     Threads: PLD+(a) on an ``sdpa`` model switches ``model.config``'s attention implementation to a capturing
     wrapper for the call and restores it on every exit, exceptions included (``attention_capture.py``); two threads
@@ -82,6 +93,7 @@ def pld_plus(
             default :data:`DEFAULT_MIN_SCORE`, ``-1`` turns it off.
         pld_return_attribution: return a :class:`PLDPlusGenerateOutput` whose ``attribution`` lists, for every
             copied-and-accepted span, the context position it was copied from (App. D).
+        stats: a ``DecodeStats`` filled by a batch's run (tau, forwards; ``core/batch_decoding.py``).
         specdec_streamer: a streamer (``TextStreamer`` ...). transformers 5.23's ``generate`` does not hand its own
             ``streamer=`` to a ``custom_generate`` callable (it only puts the prompt into it), so pass it here
             (``core/generate_io.py``); ``pld_streamer`` is its deprecated name.
@@ -89,18 +101,30 @@ def pld_plus(
     variant = VARIANTS.get(str(pld_variant).lower())
     if variant is None:
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
-    check_prompt(input_ids, "custom_generate=hf_specdec.pld_plus")
+    check_prompt(input_ids, "custom_generate=hf_specdec.pld_plus", batch=True)
     if pld_priors is not None and len(tuple(pld_priors)) != 3:
         raise SpecDecError(
             "pld_priors takes three probabilities: the hit rate of a fresh occurrence, of a running copy, and the "
             f"continuation rate (default {DEFAULT_PRIORS}); got {pld_priors!r}"
         )
-    streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
+    batch = input_ids.shape[0] > 1
+    if batch and (variant != "hidden" or pld_return_attribution):
+        raise SpecDecError(
+            "custom_generate=hf_specdec.pld_plus takes a batch with pld_variant='hidden' and without "
+            "pld_return_attribution; PLD+(a) and the attribution run at batch size 1 (loop over the rows)"
+        )
+    if not batch:
+        streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
     if pld_num_tokens is not None:
         k, cost = pld_num_tokens, None
     else:
         k = DEFAULT_MAX_TOKENS if pld_max_num_tokens is None else pld_max_num_tokens
-        cost = pld_cost if pld_cost is not None else measured_cost(model, input_ids[0])
+        rows = input_ids.shape[0]
+        cost = (
+            pld_cost
+            if pld_cost is not None
+            else measured_cost(model, _first_row(input_ids, model_kwargs), batch=rows)
+        )
     eos = eos_token_ids(generation_config)
     common = dict(
         num_draft_tokens=k,
@@ -111,13 +135,34 @@ def pld_plus(
         priors=DEFAULT_PRIORS if pld_priors is None else tuple(pld_priors),
     )
     if variant == "hidden":
-        generator = PLDPlusCandidateGenerator(
-            "hidden",
-            layer=resolve_layer(model, pld_layer),
-            hidden_size=model.config.get_text_config().hidden_size,
-            device=input_ids.device,
-            **common,
-        )
+
+        def make_generator() -> PLDPlusCandidateGenerator:
+            return PLDPlusCandidateGenerator(
+                "hidden",
+                layer=resolve_layer(model, pld_layer),
+                hidden_size=model.config.get_text_config().hidden_size,
+                device=input_ids.device,
+                batch_rows=input_ids.shape[0],
+                **common,
+            )
+
+        if (
+            batch
+        ):  # transformers' assisted loop takes batch size 1: the tree core runs the batch, PLD+ per row
+            return tree_generate(
+                model,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                synced_gpus,
+                streamer,
+                proposer=PLDPlusProposer(make_generator),
+                stats=stats,
+                specdec_streamer=specdec_streamer if specdec_streamer is not None else pld_streamer,
+                **model_kwargs,
+            )
+        generator = make_generator()
         capture = contextlib.nullcontext(True)
     else:
         heads = _heads_for(model, pld_heads, pld_top_heads)

@@ -1,0 +1,160 @@
+"""Ragged rows in one KV cache: every row of a batch accepts its own number of tokens per step (issue #17).
+
+A batch shares one ``DynamicCache`` of ``S`` entries per row, but row ``b`` holds only ``lengths[b]`` real tokens:
+``valid[b, s]`` says which entries are real. Holes come from left padding (the prompt) and from the steps: each
+verification forward feeds ``q`` tokens to every row (the longest row's root + tree, the others padded), and a row
+keeps only its root and accepted nodes. After a step every row's kept entries are gathered to the front of the
+step's block (:meth:`RaggedCache.keep`) and the block is cut to the longest row's; the rest of a shorter row's
+block is a hole.
+
+Holes are invisible to the model: every forward gets a 4D mask in which a query sees the valid entries of its own
+row only (plus its tree ancestors and itself), and position ids count real tokens only (``lengths[b] + depth``). A
+row therefore computes what it would compute alone, which is what makes the batch lossless per row. Left padding
+and holes cost attention time; :meth:`RaggedCache.repack` right-aligns the rows and drops the columns that are holes
+in every row (run by the loop when holes exceed :data:`REPACK_FRACTION` of the cache).
+
+Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only full-attention
+``DynamicLayer`` caches are supported here (a sliding window cannot skip holes).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from ..errors import SpecDecError
+from ..hf_compat import set_layer_entries
+from .tree import TokenTree
+
+REPACK_FRACTION = 0.25  # repack when more than this fraction of the cache's entries are holes
+
+
+class RaggedCache:
+    """A batch's KV cache with per-row validity. ``valid``: ``(B, S)`` bool, ``S`` = the cache's length."""
+
+    def __init__(self, cache: Cache):
+        for i, layer in enumerate(getattr(cache, "layers", None) or []):
+            if type(layer) is not DynamicLayer:
+                raise SpecDecError(
+                    f"batched speculative decoding needs full-attention dynamic cache layers; layer {i} is a "
+                    f"{type(layer).__name__} (sliding-window, static, quantized and offloaded caches cannot skip "
+                    "the holes of ragged rows); run the rows one at a time"
+                )
+        if cache.get_seq_length() != 0:
+            raise SpecDecError(
+                "batched speculative decoding starts from an empty cache; do not pass past_key_values"
+            )
+        self.cache = cache
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Real tokens per row, ``(B,)``."""
+        return self.valid.sum(1)
+
+    def prefill_inputs(self, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids ``(B, P)`` and the boolean 4D mask ``(B, 1, P, P)`` of a left-padded prompt batch: a real
+        token sees the real tokens up to itself; a pad sees only itself (so no row of the softmax is empty)."""
+        real = attention_mask.bool()
+        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        p = real.shape[1]
+        causal = torch.ones(p, p, dtype=torch.bool, device=real.device).tril()
+        mask = causal[None] & real[:, None, :]
+        mask |= torch.eye(p, dtype=torch.bool, device=real.device)[None]
+        self.valid = real.clone()
+        return positions, mask[:, None]
+
+    def tree_inputs(self, trees: list[TokenTree], roots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The verification inputs of one step: row ``b`` feeds ``[root_b, tree_b nodes]``, padded to the longest
+        row with copies of the root that see only themselves. Returns ``fed`` and ``positions`` ``(B, q)`` and the
+        boolean 4D mask ``(B, 1, q, S + q)``."""
+        b, s = self.valid.shape
+        q = 1 + max(len(t) for t in trees)
+        device = self.valid.device
+        fed = roots.reshape(b, 1).repeat(1, q)
+        positions = self.lengths.reshape(b, 1).repeat(1, q)
+        block = torch.eye(q, dtype=torch.bool, device=device).repeat(b, 1, 1)
+        for row, tree in enumerate(trees):
+            n = len(tree)
+            if n:
+                fed[row, 1 : 1 + n] = tree.tokens.to(device)
+                positions[row, 1 : 1 + n] += torch.tensor(tree.depths, device=device)
+                block[row, : 1 + n, : 1 + n] = tree.ancestor_mask().to(device)
+        prefix = self.valid[:, None, :].expand(b, q, s)
+        return fed, positions, torch.cat([prefix, block], dim=2)[:, None]
+
+    def keep(self, offsets: list[list[int]]) -> None:
+        """After a forward that fed ``q`` tokens per row: row ``b`` keeps the fed tokens at ``offsets[b]``
+        (increasing), gathered to the front of the step's block; the block is cut to the longest row's. In place."""
+        b, s = self.valid.shape
+        width = max(len(o) for o in offsets)
+        device = self.valid.device
+        index = torch.zeros(b, width, dtype=torch.long, device=device)
+        real = torch.zeros(b, width, dtype=torch.bool, device=device)
+        for row, o in enumerate(offsets):
+            if len(o):
+                index[row, : len(o)] = torch.as_tensor(o, dtype=torch.long, device=device)
+                real[row, : len(o)] = True
+        index += s
+        for layer in self.cache.layers:
+            keys, values = layer.keys, layer.values
+            idx = index.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            tail_k, tail_v = keys.gather(2, idx), values.gather(2, idx)
+            set_layer_entries(
+                layer, torch.cat([keys[:, :, :s], tail_k], 2), torch.cat([values[:, :, :s], tail_v], 2)
+            )
+        self.valid = torch.cat([self.valid, real], dim=1)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (indices, in order): finished rows leave the batch."""
+        for layer in self.cache.layers:
+            idx = rows.to(layer.keys.device)
+            set_layer_entries(layer, layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
+        self.valid = self.valid.index_select(0, rows.to(self.valid.device))
+
+    def holes(self) -> float:
+        """The fraction of the cache's entries that are holes."""
+        return 1.0 - float(self.valid.float().mean()) if self.valid.numel() else 0.0
+
+    def repack(self) -> None:
+        """Right-align every row's real entries (order kept) and drop the columns that are holes in every row."""
+        lengths = self.lengths
+        width = int(lengths.max())
+        s = self.valid.shape[1]
+        # stable order: holes first, then the real entries in sequence order
+        order = torch.argsort(self.valid.long() * (s + 1) + torch.arange(s, device=self.valid.device), dim=1)
+        index = order[:, s - width :]
+        for layer in self.cache.layers:
+            keys, values = layer.keys, layer.values
+            idx = index.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            set_layer_entries(layer, keys.gather(2, idx), values.gather(2, idx))
+        self.valid = torch.arange(width, device=self.valid.device)[None] >= (width - lengths)[:, None]
+
+    def row_view(self, row: int) -> RowKV:
+        """Row ``row``'s real entries as a per-layer ``(keys, values)`` sequence of batch 1 (what a drafter that
+        reads the target's cache, GLIDE, takes in place of a ``Cache``)."""
+        return RowKV(self, row)
+
+
+class RowKV:
+    """One row of a :class:`RaggedCache`, holes removed: ``view[layer]`` is ``(keys, values)`` of shape
+    ``(1, heads, lengths[row], head_dim)``, gathered on first access (a snapshot of the cache at that time)."""
+
+    def __init__(self, ragged: RaggedCache, row: int):
+        self.ragged, self.row = ragged, row
+        self._layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.ragged.cache.layers)
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer not in self._layers:
+            entry = self.ragged.cache.layers[layer]
+            cols = self.ragged.valid[self.row].nonzero().flatten().to(entry.keys.device)
+            keys = entry.keys[self.row : self.row + 1].index_select(2, cols)
+            values = entry.values[self.row : self.row + 1].index_select(2, cols)
+            self._layers[layer] = (keys, values)
+        return self._layers[layer]
+
+    def get_seq_length(self) -> int:
+        return int(self.ragged.valid[self.row].sum())

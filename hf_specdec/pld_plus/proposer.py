@@ -1,0 +1,47 @@
+"""PLD+ drafting as a tree-core ``TreeProposer`` (a chain): how PLD+ runs on a batch (issue #17).
+
+At batch size 1 ``hf_specdec.pld_plus`` runs transformers' assisted loop with :class:`PLDPlusCandidateGenerator`.
+transformers refuses a batch there, so a batch runs in the tree core (``core/batch_decoding.py``) with one of these
+per row. Each wraps its own candidate generator and replays the assisted loop's calls on it: ``propose`` is
+``get_candidates`` with the artifacts of the last verification (hidden state ``l`` of the tokens it added to the
+cache, the root and the accepted draft tokens), ``observe`` is ``update_candidate_strategy`` with the number of
+accepted tokens. Occurrence ranking, the adaptive draft length and the copied spans are therefore per row and the
+same as PLD+'s at batch size 1 (``tests/test_batching.py`` checks equal drafts and forwards on one row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import torch
+
+from ..core.tree import TokenTree
+from ..core.tree_decoding import StepFeedback, TreeProposer
+from .candidate_generator import PLDPlusCandidateGenerator
+
+
+class PLDPlusProposer(TreeProposer):
+    """PLD+(h) for the tree core. ``make_generator()`` builds a fresh :class:`PLDPlusCandidateGenerator` (one per
+    row and generation, in ``start``)."""
+
+    needs_hidden_states = True
+
+    def __init__(self, make_generator: Callable[[], PLDPlusCandidateGenerator]):
+        self.make_generator = make_generator
+        self.generator: PLDPlusCandidateGenerator | None = None
+        self._outputs = None
+
+    def start(self, model, input_ids, generation_config) -> None:
+        self.generator = self.make_generator()
+        self._outputs = None
+
+    def observe(self, feedback: StepFeedback) -> None:
+        # after every forward, the prefill included, as the assisted loop does
+        self.generator.update_candidate_strategy(feedback.input_ids, None, feedback.num_accepted)
+        self._outputs = SimpleNamespace(hidden_states=feedback.hidden_states)
+
+    def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
+        sequence, _ = self.generator.get_candidates(input_ids, model_outputs=self._outputs)
+        draft = sequence[0, input_ids.shape[1] :][:max_depth]
+        return TokenTree.from_chain(draft)
