@@ -125,6 +125,7 @@ def test_forward_meter_infers_chain_stats():
         (["bench", "--methods", "ar,warp-drive"], "unknown method 'warp-drive'; choose from"),
         (["bench", "--tasks", "poetry"], "unknown task 'poetry'; choose from"),
         (["bench", "--limit", "0"], "--limit must be at least 1"),
+        (["bench", "--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
         (
             ["bench", "--model", "/nonexistent/model", "--limit", "1"],
             "not a causal LM that transformers can load",

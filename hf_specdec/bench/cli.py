@@ -32,6 +32,21 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=10, help="prompts per task (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="prompts per batch (default 1); B > 1: each task's prompts in left-padded batches of B, tokens/s over "
+        "all rows, the reference is plain batched generate at the same B; a method that does not batch (hf-pld) "
+        "runs the rows one at a time",
+    )
+    p.add_argument(
+        "--check-rows",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="at --batch-size > 1, also run plain generate on every row alone (untimed) and compare each row with "
+        "it (default: on when B > 1)",
+    )
+    p.add_argument(
         "--dtype",
         choices=["fp32", "bf16", "fp16", "auto"],
         default="fp32",
@@ -86,6 +101,8 @@ def run(args) -> int:
         tie_tol=args.tie_tol,
         options=options,
         command=args.command_line,
+        batch_size=args.batch_size,
+        check_rows=args.check_rows,
     )
     from .harness import report_markdown
 

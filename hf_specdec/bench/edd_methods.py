@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from .methods import Method, greedy_new_tokens, greedy_with_stats, register
+from .methods import GenerateCallMethod, Method, greedy_new_tokens, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources" / "edd-smollm2"
 DEFAULTS = [Path("runs/edd-smollm2"), PACKAGED]
@@ -66,8 +66,10 @@ class EddChain(Method):
         return greedy_new_tokens(self.model, input_ids, max_new_tokens, assistant_model=self.edd), None
 
 
-class _EddTree(Method):
+class _EddTree(GenerateCallMethod):
     builder = "pct"
+    stats_kwarg = True
+    batchable = False  # True once tree_generate decodes a batch (bench --batch-size B > 1)
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
@@ -88,16 +90,10 @@ class _EddTree(Method):
         self.drafter = load_edd(ctx)
         self.proposer = EddTreeProposer(self.drafter, self.builder, **kwargs)
 
-    def generate(self, input_ids, max_new_tokens):
+    def generate_kwargs(self) -> dict:
         from hf_specdec.core.tree_decoding import tree_generate
 
-        return greedy_with_stats(
-            self.model,
-            input_ids,
-            max_new_tokens,
-            custom_generate=tree_generate,
-            proposer=self.proposer,
-        )
+        return dict(custom_generate=tree_generate, proposer=self.proposer)
 
 
 @register

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from .methods import Method, greedy_new_tokens, greedy_with_stats, register
+from .methods import GenerateCallMethod, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources"
 DEFAULTS = {
@@ -41,7 +41,7 @@ def find_checkpoint(kind: str, option: str | None) -> Path:
     )
 
 
-class _DrafterMethod(Method):
+class _DrafterMethod(GenerateCallMethod):
     kind = "glide"
 
     def setup(self, ctx) -> None:
@@ -53,8 +53,8 @@ class _DrafterMethod(Method):
         if "gamma" in ctx.options:
             self.drafter.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
 
-    def generate(self, input_ids, max_new_tokens):
-        return greedy_new_tokens(self.model, input_ids, max_new_tokens, assistant_model=self.drafter), None
+    def generate_kwargs(self) -> dict:
+        return dict(assistant_model=self.drafter)  # chain drafts in transformers' assisted loop: batch 1 only
 
 
 @register
@@ -86,6 +86,8 @@ class GlideCape(_DrafterMethod):
     name = "glide-cape"
     description = "GLIDE + CAPE: gamma=5 chain + 7/5/3/1 siblings by confidence, one tree per forward"
     kind = "glide"
+    stats_kwarg = True
+    batchable = False  # True once glide_cape decodes a batch (bench --batch-size B > 1)
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
@@ -95,13 +97,10 @@ class GlideCape(_DrafterMethod):
         self.expansion = check_expansion(parse_bins(bins) if bins else DEFAULT_EXPANSION)
         self.cost = ctx.options.get("cape_cost", "1") not in ("0", "false", "False", "no")
 
-    def generate(self, input_ids, max_new_tokens):
+    def generate_kwargs(self) -> dict:
         from hf_specdec.glide.cape import glide_cape
 
-        return greedy_with_stats(
-            self.model,
-            input_ids,
-            max_new_tokens,
+        return dict(
             custom_generate=glide_cape,
             drafter=self.drafter,
             cape_expansion=self.expansion,

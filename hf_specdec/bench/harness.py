@@ -22,26 +22,63 @@ from ..errors import SpecDecError
 from ..machine import describe_machine, machine_line, resolve_auto_dtype
 from ..target import load_target, resolve_dtype
 from ..tasks import load_task
-from .methods import BenchContext, get_method
+from .methods import BenchContext, get_method, left_pad, pad_token_id, run_row
 
 REFERENCE = "ar"
 
 
 def _run_one(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], DecodeStats]:
-    with ForwardMeter(model) as meter:
+    return run_row(method, model, input_ids, max_new_tokens)
+
+
+class _BatchMeter(ForwardMeter):
+    """A :class:`ForwardMeter` that also records each forward's batch size (rows in the forward)."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__(module)
+        self.batch_sizes: list[int] = []
+
+    def _pre(self, module, args, kwargs):
+        super()._pre(module, args, kwargs)
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        self.batch_sizes.append(int(ids.shape[0]) if ids is not None else 0)
+
+
+def _run_batch(
+    method, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+) -> tuple[list[list[int]], DecodeStats, int]:
+    """One timed batch: ``generate_batch`` if the method batches, else its rows one at a time (``generate_rows``).
+    Returns the rows' new tokens, the batch's stats (``target_forwards`` per row, see ``Method.generate_batch``; a
+    method that returns none gets the rows of every forward, an upper bound when finished rows ride along) and the
+    number of actual forwards of the target."""
+    generate = method.generate_batch if method.batchable else method.generate_rows
+    with _BatchMeter(model) as meter:
         t0 = clock(meter.device)
-        tokens, stats = method.generate(input_ids, max_new_tokens)
+        rows, stats = generate(input_ids, attention_mask, max_new_tokens)
         elapsed = clock(meter.device) - t0
-    tokens = [int(t) for t in tokens]
-    if stats is None:
-        stats = meter.chain_stats(input_ids.shape[1], len(tokens), elapsed)
-    stats.new_tokens, stats.total_time = len(tokens), elapsed
+    rows = [[int(t) for t in row] for row in rows]
+    stats = DecodeStats() if stats is None else stats
+    stats.new_tokens, stats.total_time = sum(len(r) for r in rows), elapsed
     if not stats.target_forwards:
-        stats.target_forwards, stats.verify_time = meter.calls, meter.time
-    return tokens, stats
+        stats.target_forwards = sum(meter.batch_sizes)
+    if not stats.verify_time:
+        stats.verify_time, stats.draft_time = meter.time, elapsed - meter.time
+    return rows, stats, getattr(stats, "batched_forwards", 0) or meter.calls
 
 
-def _aggregate(method: str, task: str, records: list[dict], ref_tps: float | None) -> dict:
+def batches(items: list, size: int) -> list[list]:
+    """``items`` in consecutive groups of ``size`` (the last one may be smaller)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _aggregate(
+    method: str, task: str, records: list[dict], ref_tps: float | None, rows: list[dict] | None = None
+) -> dict:
+    """Figures of one (method, task): timing and stats from ``records`` (one per prompt at batch 1, one per batch
+    above), losslessness from ``rows`` (one per prompt; default ``records``)."""
+    rows = records if rows is None else rows
     tokens = sum(r["new_tokens"] for r in records)
     seconds = sum(r["total_time"] for r in records)
     forwards = sum(r["target_forwards"] for r in records)
@@ -50,7 +87,7 @@ def _aggregate(method: str, task: str, records: list[dict], ref_tps: float | Non
     return {
         "method": method,
         "task": task,
-        "n_prompts": len(records),
+        "n_prompts": len(rows),
         "new_tokens": tokens,
         "seconds": round(seconds, 4),
         "tokens_per_s": round(tps, 3),
@@ -59,14 +96,14 @@ def _aggregate(method: str, task: str, records: list[dict], ref_tps: float | Non
         "alpha": round(sum(r["accepted"] for r in records) / drafted, 4) if drafted else None,
         "draft_share": round(sum(r["draft_time"] for r in records) / seconds, 4) if seconds else None,
         "verify_share": round(sum(r["verify_time"] for r in records) / seconds, 4) if seconds else None,
-        "lossless": all(r["lossless"] for r in records),
-        "identical": sum(r["identical"] for r in records),
+        "lossless": all(r["lossless"] for r in rows),
+        "identical": sum(r["identical"] for r in rows),
         "ties": [
             {"id": r["id"], "position": r["first_diff"], "gap": r["gap"]}
-            for r in records
-            if r["lossless"] and not r["identical"]
+            for r in rows
+            if r["lossless"] and not r["identical"] and r["gap"] is not None
         ],
-        "failures": [{"id": r["id"], "reason": r["reason"]} for r in records if not r["lossless"]],
+        "failures": [{"id": r["id"], "reason": r["reason"]} for r in rows if not r["lossless"]],
     }
 
 
@@ -82,10 +119,21 @@ def run_bench(
     tie_tol: float | None = None,
     options: dict | None = None,
     command: str | None = None,
+    batch_size: int = 1,
+    check_rows: bool | None = None,
 ) -> dict:
-    """Run the benchmark and write its outputs under ``out``; returns the results dict."""
+    """Run the benchmark and write its outputs under ``out``; returns the results dict.
+
+    ``batch_size`` B > 1: each task's prompts go in batches of B (the last may be smaller), left-padded; every
+    method decodes each batch in one call (``Method.generate_batch``) or, if it does not batch, its rows one at a
+    time; tokens/s counts all rows and the reference is batched ``ar`` at the same B. ``check_rows`` (default: on
+    when B > 1) also runs ``ar`` on every row alone, untimed, and compares each method's rows with it too.
+    """
     if limit < 1:
         raise SpecDecError(f"--limit must be at least 1 (got {limit})")
+    if batch_size < 1:
+        raise SpecDecError(f"--batch-size must be at least 1 (got {batch_size})")
+    check_rows = batch_size > 1 if check_rows is None else bool(check_rows) and batch_size > 1
     if max_new_tokens < 1:
         raise SpecDecError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     requested_dtype, dtype = dtype, resolve_auto_dtype(dtype)  # the machine decides "auto" (fp32 or bf16)
@@ -103,13 +151,53 @@ def run_bench(
         runners[name] = runner
 
     datasets = {t: load_task(t, tokenizer, limit) for t in tasks}
-    total = sum(len(d) for d in datasets.values())
     # Warm-up: one short generation per method so lazy initialisation is not timed.
     warm = tokenizer(next(iter(datasets.values()))[0]["prompt"], return_tensors="pt").input_ids
     for runner in runners.values():
         runner.generate(warm, 8)
     drafter_costs = measure_drafter_costs(runners, target)
 
+    if batch_size > 1:
+        runs, per_prompt, per_batch = _bench_batches(
+            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows
+        )
+    else:
+        runs, per_prompt = _bench_prompts(
+            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol
+        )
+    results = {
+        "command": command or "",
+        "config": {
+            "model": model or "default (SmolLM2-135M-Instruct)",
+            **({"gguf_file": gguf_file} if gguf_file else {}),
+            "dtype": dtype,
+            "dtype_requested": requested_dtype,
+            "limit": limit,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            **({"check_rows": check_rows} if batch_size > 1 else {}),
+            "tie_tol": tie_tol,
+            "methods": names,
+            "tasks": tasks,
+            "torch_threads": torch.get_num_threads(),
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "machine_info": describe_machine(target.device),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+        },
+        "runs": runs,
+        "drafter_cost": drafter_costs,
+        "per_prompt": per_prompt,
+        **({"per_batch": per_batch} if batch_size > 1 else {}),
+    }
+    write_outputs(results, Path(out))
+    return results
+
+
+def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol):
+    """Batch 1: every prompt through every method, the order rotating per prompt."""
+    tasks = list(datasets)
+    total = sum(len(d) for d in datasets.values())
     records: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in names for t in tasks}
     bar = tqdm(total=total, desc="bench prompts", unit="prompt")
     for task, ds in datasets.items():
@@ -142,30 +230,109 @@ def run_bench(
         ref = _aggregate(REFERENCE, task, records[(REFERENCE, task)], None)
         for name in names:
             runs.append(_aggregate(name, task, records[(name, task)], ref["tokens_per_s"]))
-    results = {
-        "command": command or "",
-        "config": {
-            "model": model or "default (SmolLM2-135M-Instruct)",
-            **({"gguf_file": gguf_file} if gguf_file else {}),
-            "dtype": dtype,
-            "dtype_requested": requested_dtype,
-            "limit": limit,
-            "max_new_tokens": max_new_tokens,
-            "tie_tol": tie_tol,
-            "methods": names,
-            "tasks": tasks,
-            "torch_threads": torch.get_num_threads(),
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "machine_info": describe_machine(target.device),
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-        },
-        "runs": runs,
-        "drafter_cost": drafter_costs,
-        "per_prompt": {f"{m}/{t}": r for (m, t), r in records.items()},
-    }
-    write_outputs(results, Path(out))
-    return results
+    return runs, {f"{m}/{t}": r for (m, t), r in records.items()}
+
+
+def _row_verdict(target, prompt, batched_ref, alone_ref, tokens, tie_tol) -> dict:
+    """A row's losslessness: against batched ``ar``'s row, and (``alone_ref`` not None) against ``ar`` on the row
+    alone. Lossless if it is lossless against either (both are plain greedy ``generate`` of that row); ``identical``
+    and ``first_diff`` / ``gap`` / ``reason`` are against batched ``ar`` unless only the row-alone check passed."""
+    v = compare_outputs(target, prompt, batched_ref, tokens, tie_tol)
+    rec = {"identical": v.identical, "lossless": v.lossless, "first_diff": v.first_diff, "gap": v.gap}
+    rec["reason"] = v.reason
+    if alone_ref is None:
+        return rec
+    va = compare_outputs(target, prompt, alone_ref, tokens, tie_tol)
+    rec.update(row_alone_identical=va.identical, row_alone_lossless=va.lossless)
+    if not v.lossless:
+        if va.lossless:
+            rec.update(lossless=True, first_diff=va.first_diff, gap=va.gap)
+            rec["reason"] = (
+                f"equals ar on the row alone ({va.reason or 'identical'}); vs batched ar: {v.reason}"
+            )
+        else:
+            rec["reason"] = f"vs batched ar: {v.reason}; vs ar on the row alone: {va.reason}"
+    return rec
+
+
+def _alone(ar, prompt: list[int], max_new_tokens: int, device) -> list[int]:
+    """``ar``'s tokens for one prompt alone (batch 1, no padding)."""
+    tokens, _ = ar.generate(torch.tensor([prompt], device=device), max_new_tokens)
+    return [int(t) for t in tokens]
+
+
+def _bench_batches(
+    runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows
+):
+    """Batch B > 1: each task's prompts in batches of B, every batch through every method (the order rotating per
+    batch), timed as one call; each row checked against batched ``ar`` (and ``ar`` on the row alone)."""
+    tasks = list(datasets)
+    pad_id = pad_token_id(tokenizer)
+    grouped = {t: batches(list(ds), batch_size) for t, ds in datasets.items()}
+    rows_of: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in names for t in tasks}
+    batches_of: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in names for t in tasks}
+    # Warm-up of the batched path too (a batched loop may set itself up on its first batch).
+    first = grouped[tasks[0]][0]
+    warm_ids, warm_mask = left_pad([tokenizer(r["prompt"]).input_ids for r in first], pad_id)
+    for runner in runners.values():
+        generate = runner.generate_batch if runner.batchable else runner.generate_rows
+        generate(warm_ids.to(target.device), warm_mask.to(target.device), 8)
+    bar = tqdm(
+        total=sum(len(g) for g in grouped.values()), desc=f"bench batches of {batch_size}", unit="batch"
+    )
+    for task, groups in grouped.items():
+        for b, group in enumerate(groups):
+            prompts = [tokenizer(r["prompt"]).input_ids for r in group]  # each row as batch 1 tokenizes it
+            input_ids, mask = left_pad(prompts, pad_id)
+            input_ids, mask = input_ids.to(target.device), mask.to(target.device)
+            order = names[b % len(names) :] + names[: b % len(names)]  # rotate who goes first
+            outputs = {
+                name: _run_batch(runners[name], target, input_ids, mask, max_new_tokens) for name in order
+            }
+            alone = [None] * len(group)
+            if check_rows:  # untimed: plain generate on each row alone, the issue's reference
+                alone = [_alone(runners[REFERENCE], p, max_new_tokens, target.device) for p in prompts]
+            reference = outputs[REFERENCE][0]
+            for name in names:
+                rows, stats, forwards = outputs[name]
+                batches_of[(name, task)].append(
+                    {
+                        "batch": b,
+                        "ids": [r["id"] for r in group],
+                        "batched": runners[name].batchable,
+                        **stats.to_dict(),
+                        "batched_forwards": forwards,
+                    }
+                )
+                for j, row in enumerate(group):
+                    prompt = torch.tensor([prompts[j]])
+                    rows_of[(name, task)].append(
+                        {
+                            "id": row["id"],
+                            "batch": b,
+                            "new_tokens": len(rows[j]),
+                            **_row_verdict(target, prompt, reference[j], alone[j], rows[j], tie_tol),
+                        }
+                    )
+            bar.update(1)
+    bar.close()
+
+    runs = []
+    for task in tasks:
+        ref = _aggregate(REFERENCE, task, batches_of[(REFERENCE, task)], None, rows_of[(REFERENCE, task)])
+        for name in names:
+            records, rows = batches_of[(name, task)], rows_of[(name, task)]
+            run = _aggregate(name, task, records, ref["tokens_per_s"], rows)
+            run.update(
+                batch_size=batch_size,
+                batched=runners[name].batchable,
+                batched_forwards=sum(r["batched_forwards"] for r in records),
+                row_alone_identical=sum(r["row_alone_identical"] for r in rows) if check_rows else None,
+            )
+            runs.append(run)
+    per_prompt = {f"{m}/{t}": r for (m, t), r in rows_of.items()}
+    per_batch = {f"{m}/{t}": r for (m, t), r in batches_of.items()}
+    return runs, per_prompt, per_batch
 
 
 def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
@@ -196,27 +363,66 @@ def report_markdown(results: dict) -> str:
         f"`{results['command']}`" if results.get("command") else "",
         "",
         f"model: {cfg['model']}, dtype {cfg['dtype']}, {cfg['limit']} prompts per task, max_new_tokens {cfg['max_new_tokens']}, "
-        f"torch threads {cfg['torch_threads']}, tie tolerance {cfg['tie_tol']}",
+        f"batch size {cfg.get('batch_size', 1)}, torch threads {cfg['torch_threads']}, tie tolerance {cfg['tie_tol']}",
         "",
         f"machine: {machine_line(cfg['machine_info'])}" if cfg.get("machine_info") else "",
         "",
-        "| task | method | speedup | tokens/s | tau | alpha | draft share | verify share | lossless |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
+    batched = cfg.get("batch_size", 1) > 1
+    if batched:
+        lines += [
+            "| task | method | batched | speedup | tokens/s | tau | alpha | draft share | verify share | lossless "
+            "| = `ar` on the row alone |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        ]
+    else:
+        lines += [
+            "| task | method | speedup | tokens/s | tau | alpha | draft share | verify share | lossless |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
     for r in results["runs"]:
         lossless = ("yes" if r["lossless"] else "**NO**") + (
             f" ({len(r['ties'])} near-ties)" if r["ties"] else ""
         )
-        lines.append(
-            f"| {r['task']} | {r['method']} | {_fmt(r['speedup'])}x | {_fmt(r['tokens_per_s'], '{:.1f}')} | {_fmt(r['tau'])} | "
+        figures = (
+            f"{_fmt(r['speedup'])}x | {_fmt(r['tokens_per_s'], '{:.1f}')} | {_fmt(r['tau'])} | "
             f"{_fmt(r['alpha'])} | {_fmt(r['draft_share'])} | {_fmt(r['verify_share'])} | {lossless} |"
         )
+        if batched:
+            mode = "yes" if r["batched"] else "no: rows one at a time"
+            alone = (
+                "-" if r["row_alone_identical"] is None else f"{r['row_alone_identical']}/{r['n_prompts']}"
+            )
+            lines.append(f"| {r['task']} | {r['method']} | {mode} | {figures} {alone} |")
+        else:
+            lines.append(f"| {r['task']} | {r['method']} | {figures}")
     lines += [
         "",
         "speedup = tokens/s over `ar` in the same run; tau = tokens per target forward (bonus token counted); "
         "alpha = accepted / drafted tokens; shares are of wall time (draft share = all time outside target forwards).",
         "",
     ]
+    if batched:
+        b = cfg["batch_size"]
+        lines += [
+            f"Batches of {b} prompts (the last of a task may be smaller), left-padded; tokens/s counts every row; "
+            f"`ar` is plain batched `generate` at batch {b}, the reference of speedup and of lossless. tau counts "
+            "target forwards per row (a forward over r active rows counts r). batched = no: the method ran each row "
+            "alone, one after the other, timed as the whole batch (transformers refuses a batch for assisted "
+            "generation: `hf-pld`, `glide`, `edd`, ...). lossless: each row equals batched `ar`'s row or `ar` on the row alone (both plain greedy "
+            "`generate`); the last column counts the rows identical to `ar` on the row alone.",
+            "",
+        ]
+        if cfg.get("check_rows"):
+            lines += [
+                "batched `ar` == `ar` on the row alone: "
+                + ", ".join(
+                    f"{r['task']} {r['row_alone_identical']}/{r['n_prompts']} rows"
+                    for r in results["runs"]
+                    if r["method"] == "ar"
+                ),
+                "",
+            ]
     if results.get("drafter_cost"):
         costs = ", ".join(f"`{m}` {c:.3f}" for m, c in results["drafter_cost"].items())
         lines += [
@@ -251,8 +457,10 @@ def plot_speedup(results: dict, path: Path) -> None:
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(tasks)), tasks)
     ax.set_ylabel("speedup over plain generate (x)")
+    batch = results["config"].get("batch_size", 1)
     ax.set_title(
-        f"hf-specdec bench ({results['config']['dtype']}, {results['config']['limit']} prompts/task)"
+        f"hf-specdec bench ({results['config']['dtype']}, {results['config']['limit']} prompts/task"
+        + (f", batch {batch})" if batch > 1 else ")")
     )
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -5,6 +5,12 @@ A method is a class with a ``name``, an optional ``setup(ctx)`` (load a drafter,
 stats lets the harness infer them from the target's forwards (see ``stats.ForwardMeter.chain_stats``),
 which is right for every draft-then-verify chain or tree loop that feeds the drafted tokens to the
 target. Register with ``@register``; modules that define methods are listed in ``PLUGIN_MODULES``.
+
+Batches (``hf-specdec bench --batch-size B``): ``generate_batch(input_ids, attention_mask, max_new_tokens) ->
+(per-row new tokens, stats or None)`` takes a left-padded batch. The default, :meth:`Method.generate_rows`, runs the
+rows one at a time through ``generate`` (what a transformers user does for assisted generation, which refuses a
+batch). A method opts in to one batched call by overriding ``generate_batch`` and setting ``batchable = True``; the
+harness calls ``generate_rows`` for every method whose ``batchable`` is False, and the report marks those rows.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.stats import DecodeStats
+from ..core.generate_io import eos_token_ids
+from ..core.stats import DecodeStats, ForwardMeter
+from ..core.timing import clock
 from ..errors import SpecDecError
 
 # Modules that register more methods on import (one line each; a missing optional part is skipped).
@@ -39,6 +47,9 @@ class Method:
     name = ""
     description = ""
     drafter = None  # a drafter model (GLIDE / EDD) whose cost c the bench reports; None for the others
+    # True: ``generate_batch`` decodes a whole batch in one ``model.generate`` call (bench --batch-size B > 1);
+    # False: the bench runs the batch's rows one at a time (``generate_rows``) and says so in its report.
+    batchable = False
 
     def setup(self, ctx: BenchContext) -> None:
         self.ctx = ctx
@@ -49,6 +60,36 @@ class Method:
     ) -> tuple[torch.Tensor, DecodeStats | None]:
         raise NotImplementedError
 
+    def generate_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+    ) -> tuple[list[list[int]], DecodeStats | None]:
+        """New tokens of every row of a left-padded batch (each cut after its first EOS) and the stats of the
+        whole batch (``target_forwards`` counted per row: a forward over r active rows counts r; ``None``: the
+        harness infers them). Default: :meth:`generate_rows`; a method that batches overrides this and sets
+        ``batchable = True``."""
+        return self.generate_rows(input_ids, attention_mask, max_new_tokens)
+
+    def generate_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+    ) -> tuple[list[list[int]], DecodeStats]:
+        """The batch's rows one at a time, each unpadded, through :meth:`generate`; the rows' stats summed."""
+        rows, total = [], DecodeStats()
+        for row in unpad_rows(input_ids, attention_mask):
+            tokens, stats = run_row(self, self.ctx.model, row, max_new_tokens)
+            rows.append(tokens)
+            for key in (
+                "new_tokens",
+                "target_forwards",
+                "drafted",
+                "accepted",
+                "draft_time",
+                "verify_time",
+                "total_time",
+            ):
+                setattr(total, key, getattr(total, key) + getattr(stats, key))
+            total.steps.extend(stats.steps)
+        return rows, total
+
 
 METHODS: dict[str, type[Method]] = {}
 
@@ -56,6 +97,83 @@ METHODS: dict[str, type[Method]] = {}
 def register(cls: type[Method]) -> type[Method]:
     METHODS[cls.name] = cls
     return cls
+
+
+def run_row(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], DecodeStats]:
+    """One timed ``method.generate`` on one unpadded prompt (1, P), stats inferred from ``model``'s forwards when the
+    method returns none (``ForwardMeter.chain_stats``)."""
+    with ForwardMeter(model) as meter:
+        t0 = clock(meter.device)
+        tokens, stats = method.generate(input_ids, max_new_tokens)
+        elapsed = clock(meter.device) - t0
+    tokens = [int(t) for t in tokens]
+    if stats is None:
+        stats = meter.chain_stats(input_ids.shape[1], len(tokens), elapsed)
+    stats.new_tokens, stats.total_time = len(tokens), elapsed
+    if not stats.target_forwards:
+        stats.target_forwards, stats.verify_time = meter.calls, meter.time
+    return tokens, stats
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id that left-pads a batch: the tokenizer's pad token, else its EOS."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise SpecDecError("the tokenizer has neither a pad nor an EOS token to pad a batch with")
+    return int(pad)
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of shape (B, longest row): each row right-aligned after ``pad_id``s."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def unpad_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+    """Each row of a padded batch as its own (1, P_i) prompt (the positions its mask keeps)."""
+    return [ids[mask.bool()].unsqueeze(0) for ids, mask in zip(input_ids, attention_mask)]
+
+
+def split_rows(sequences: torch.Tensor, prompt_length: int, eos_ids: list[int]) -> list[list[int]]:
+    """Per-row new tokens of a batched ``generate`` output (B, prompt_length + n): the left-padded prompt stripped
+    and each row cut after its first EOS (what follows it is padding for a row that finished before the others)."""
+    eos = set(eos_ids)
+    rows = []
+    for row in sequences[:, prompt_length:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append([int(t) for t in row[:end]])
+    return rows
+
+
+def batched_greedy(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, pad_id: int, **kwargs
+) -> list[list[int]]:
+    """Greedy ``model.generate`` on a left-padded batch with ``kwargs``; returns each row's new tokens (see
+    :func:`split_rows`)."""
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        **kwargs,
+    )
+    return split_rows(out, input_ids.shape[1], eos_token_ids(model.generation_config))
+
+
+def batched_greedy_with_stats(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, pad_id: int, **kwargs
+) -> tuple[list[list[int]], DecodeStats]:
+    """:func:`batched_greedy` for a ``custom_generate`` loop that fills its own ``stats=DecodeStats()``."""
+    stats = DecodeStats()
+    rows = batched_greedy(model, input_ids, attention_mask, max_new_tokens, pad_id, stats=stats, **kwargs)
+    return rows, stats
 
 
 def greedy_new_tokens(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
@@ -79,19 +197,56 @@ def greedy_with_stats(
     return greedy_new_tokens(model, input_ids, max_new_tokens, stats=stats, **kwargs), stats
 
 
+class GenerateCallMethod(Method):
+    """A method that is one greedy ``model.generate(**generate_kwargs())`` call, at batch 1 (``generate``) and on a
+    left-padded batch (``generate_batch``). ``stats_kwarg``: the call takes ``stats=DecodeStats()`` and fills it
+    (tree loops, SPACE); otherwise the harness infers the stats from the target's forwards. ``batchable`` stays
+    False until the ``custom_generate`` loop accepts a batch; set it True to bench the batched call."""
+
+    stats_kwarg = False
+
+    def generate_kwargs(self) -> dict:
+        raise NotImplementedError
+
+    def generate(self, input_ids, max_new_tokens):
+        if self.stats_kwarg:
+            return greedy_with_stats(self.model, input_ids, max_new_tokens, **self.generate_kwargs())
+        return greedy_new_tokens(self.model, input_ids, max_new_tokens, **self.generate_kwargs()), None
+
+    def generate_batch(self, input_ids, attention_mask, max_new_tokens):
+        args = (self.model, input_ids, attention_mask, max_new_tokens, pad_token_id(self.ctx.tokenizer))
+        if self.stats_kwarg:
+            return batched_greedy_with_stats(*args, **self.generate_kwargs())
+        return batched_greedy(*args, **self.generate_kwargs()), None
+
+
 @register
 class AutoRegressive(Method):
     name = "ar"
     description = "plain greedy model.generate (the reference)"
 
+    batchable = True
+
     def generate(self, input_ids, max_new_tokens):
         return greedy_new_tokens(self.model, input_ids, max_new_tokens), None
+
+    def generate_batch(self, input_ids, attention_mask, max_new_tokens):
+        """Plain batched greedy ``generate``. A row is active in a forward until it has its last token, so its
+        forwards equal its new tokens (tau 1, as at batch 1); finished rows still ride in the batch (padding)."""
+        rows = batched_greedy(
+            self.model, input_ids, attention_mask, max_new_tokens, pad_token_id(self.ctx.tokenizer)
+        )
+        n = sum(len(r) for r in rows)
+        return rows, DecodeStats(new_tokens=n, target_forwards=n)
 
 
 @register
 class HFPromptLookup(Method):
     name = "hf-pld"
     description = "transformers' prompt lookup decoding (prompt_lookup_num_tokens=10)"
+    # transformers refuses a batch for assisted generation: at B > 1 its rows run one at a time (generate_rows),
+    # which is what a transformers user has today.
+    batchable = False
 
     def generate(self, input_ids, max_new_tokens):
         return greedy_new_tokens(self.model, input_ids, max_new_tokens, prompt_lookup_num_tokens=10), None

@@ -7,7 +7,7 @@ Options (``hf-specdec bench --option KEY=VALUE``): ``pld_k`` (K, tokens drafted 
 
 from __future__ import annotations
 
-from .methods import Method, greedy_new_tokens, register
+from .methods import GenerateCallMethod, register
 
 
 def _pld_kwargs(options: dict) -> dict:
@@ -24,8 +24,9 @@ def _pld_kwargs(options: dict) -> dict:
     return kwargs
 
 
-class _PLDPlus(Method):
+class _PLDPlus(GenerateCallMethod):
     variant = ""
+    batchable = False  # True once hf_specdec.pld_plus decodes a batch (bench --batch-size B > 1)
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
@@ -39,16 +40,8 @@ class _PLDPlus(Method):
         else:
             self.kwargs.pop("pld_layer", None)
 
-    def generate(self, input_ids, max_new_tokens):
-        tokens = greedy_new_tokens(
-            self.model,
-            input_ids,
-            max_new_tokens,
-            custom_generate=self.custom_generate,
-            pld_variant=self.variant,
-            **self.kwargs,
-        )
-        return tokens, None
+    def generate_kwargs(self) -> dict:
+        return dict(custom_generate=self.custom_generate, pld_variant=self.variant, **self.kwargs)
 
 
 @register

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from ..core.ngram_tree import NGramTreeProposer
 from ..core.tree_decoding import tree_generate
-from .methods import Method, greedy_with_stats, register
+from .methods import GenerateCallMethod, register
 
 
 @register
-class TreeLookup(Method):
+class TreeLookup(GenerateCallMethod):
     name = "tree-lookup"
     description = "n-gram prompt-lookup tree + random siblings, verified by the tree core (greedy)"
+    stats_kwarg = True
+    batchable = False  # True once tree_generate decodes a batch (bench --batch-size B > 1)
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
@@ -27,11 +29,5 @@ class TreeLookup(Method):
             random_siblings=int(o.get("tree_random", 2)),
         )
 
-    def generate(self, input_ids, max_new_tokens):
-        return greedy_with_stats(
-            self.model,
-            input_ids,
-            max_new_tokens,
-            custom_generate=tree_generate,
-            proposer=self.proposer,
-        )
+    def generate_kwargs(self) -> dict:
+        return dict(custom_generate=tree_generate, proposer=self.proposer)
