@@ -69,7 +69,7 @@ class EddChain(Method):
 class _EddTree(GenerateCallMethod):
     builder = "pct"
     stats_kwarg = True
-    batchable = False  # True once tree_generate decodes a batch (bench --batch-size B > 1)
+    batchable = True
 
     def setup(self, ctx) -> None:
         super().setup(ctx)

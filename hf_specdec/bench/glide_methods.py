@@ -87,7 +87,7 @@ class GlideCape(_DrafterMethod):
     description = "GLIDE + CAPE: gamma=5 chain + 7/5/3/1 siblings by confidence, one tree per forward"
     kind = "glide"
     stats_kwarg = True
-    batchable = False  # True once glide_cape decodes a batch (bench --batch-size B > 1)
+    batchable = True
 
     def setup(self, ctx) -> None:
         super().setup(ctx)

@@ -7,7 +7,7 @@ Options (``hf-specdec bench --option KEY=VALUE``): ``pld_k`` (K, tokens drafted 
 
 from __future__ import annotations
 
-from .methods import GenerateCallMethod, register
+from .methods import GenerateCallMethod, batched_greedy_with_stats, pad_token_id, register
 
 
 def _pld_kwargs(options: dict) -> dict:
@@ -26,7 +26,7 @@ def _pld_kwargs(options: dict) -> dict:
 
 class _PLDPlus(GenerateCallMethod):
     variant = ""
-    batchable = False  # True once hf_specdec.pld_plus decodes a batch (bench --batch-size B > 1)
+    batchable = False  # PLD+(a) runs at batch size 1 (its attention rows are read per row); PLD+(h) batches
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
@@ -43,12 +43,19 @@ class _PLDPlus(GenerateCallMethod):
     def generate_kwargs(self) -> dict:
         return dict(custom_generate=self.custom_generate, pld_variant=self.variant, **self.kwargs)
 
+    def generate_batch(self, input_ids, attention_mask, max_new_tokens):
+        """A batch runs in the tree core, which fills ``stats=`` (batch 1 runs transformers' assisted loop, whose
+        stats the harness infers from the target's forwards)."""
+        args = (self.model, input_ids, attention_mask, max_new_tokens, pad_token_id(self.ctx.tokenizer))
+        return batched_greedy_with_stats(*args, **self.generate_kwargs())
+
 
 @register
 class PLDPlusHidden(_PLDPlus):
     name = "pld-plus-h"
     description = "PLD+(h): prompt lookup ranked by hidden-state cosine (pld-plus.txt §4.2.2)"
     variant = "hidden"
+    batchable = True
 
 
 @register

@@ -16,7 +16,7 @@ class TreeLookup(GenerateCallMethod):
     name = "tree-lookup"
     description = "n-gram prompt-lookup tree + random siblings, verified by the tree core (greedy)"
     stats_kwarg = True
-    batchable = False  # True once tree_generate decodes a batch (bench --batch-size B > 1)
+    batchable = True
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
