@@ -398,3 +398,42 @@ def test_bad_batches_get_clear_errors():
         config = GenerationConfig(max_new_tokens=4, pad_token_id=0)
         tree_generate(model, ids, proposer=TreeProposer(), generation_config=config)
     assert ragged_cache.REPACK_FRACTION < 1
+
+
+def chat_batch(tok, texts: list[str]):
+    """Left-padded chat prompts of different lengths, as a user batches them."""
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in texts
+    ]
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        return tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tok.padding_side = side
+
+
+EDIT_TEXTS = [
+    "Rename x to total:\nx = 0\nfor v in values:\n    x += v\nprint(x)",
+    "Fix the typo and repeat the sentence: The quick brwn fox jumps over the lazy dog.",
+    "Make this a list comprehension:\nsquares = []\nfor i in range(10):\n    squares.append(i * i)\nprint(squares)",
+]
+
+
+@pytest.mark.real
+@pytest.mark.compat
+def test_pld_plus_batch_is_lossless_on_the_real_target(real_target):
+    model, tok = real_target
+    batch = chat_batch(tok, EDIT_TEXTS)
+    assert len(set(batch.attention_mask.sum(1).tolist())) == 3  # three prompt lengths
+    stats = DecodeStats()
+    out = model.generate(
+        **batch, max_new_tokens=32, do_sample=False, custom_generate=hf_specdec.pld_plus, stats=stats
+    )
+    width = batch.input_ids.shape[1]
+    for i in range(3):
+        ids = batch.input_ids[i][batch.attention_mask[i].bool()][None]
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False)
+        new = ref[0, ids.shape[1] :].tolist()
+        assert out[i, width : width + len(new)].tolist() == new, i
+    assert stats.accepted > 0

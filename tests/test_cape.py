@@ -371,6 +371,8 @@ def test_trim_by_cost_keeps_tokens_that_pay_for_their_verification():
     assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.0)) == [2, 1, 3]  # free: keep S(p)
     assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.12)) == [1, 0, 2]
     assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.5)) == [0, 0, 0]
+    # in a batch of 2 rows a node's marginal cost counts twice (issue #17)
+    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.06), rows=2) == [1, 0, 2]
     # a curve that gets steeper: the 4th expansion token costs more than the 1st
     steep = CostCurve({1: 1.0, 5: 1.0, 6: 1.05, 7: 1.2, 8: 1.5})
     assert trim_by_cost(confidences, sibling_probs, steep) == [1, 0, 1]

@@ -99,10 +99,11 @@ class RaggedCache:
         for layer in self.cache.layers:
             keys, values = layer.keys, layer.values
             idx = index.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
-            tail_k, tail_v = keys.gather(2, idx), values.gather(2, idx)
-            set_layer_entries(
-                layer, torch.cat([keys[:, :, :s], tail_k], 2), torch.cat([values[:, :, :s], tail_v], 2)
+            keys[:, :, s : s + width], values[:, :, s : s + width] = (
+                keys.gather(2, idx),
+                values.gather(2, idx),
             )
+            set_layer_entries(layer, keys[:, :, : s + width], values[:, :, : s + width])  # views: no copy
         self.valid = torch.cat([self.valid, real], dim=1)
 
     def select_rows(self, rows: torch.Tensor) -> None:

@@ -102,11 +102,12 @@ def expand(
 
 
 def trim_by_cost(
-    confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]], cost: CostCurve
+    confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]], cost: CostCurve, rows: int = 1
 ) -> list[int]:
     """How many tokens of each expansion set to keep: best expected gain ``P(reach i) * q`` first, while it is at
     least the marginal verification cost ``c(n + 1) - c(n)`` (``n`` = tokens verified so far: root + proposal +
-    kept expansion tokens). Sets are sorted by probability, so each keeps a prefix."""
+    kept expansion tokens). Sets are sorted by probability, so each keeps a prefix. In a batch of ``rows`` rows
+    (``cost`` the batch's curve) a wider tree slows every row: the marginal cost counts ``rows`` times."""
     reach, gains = 1.0, []
     for i, (p, probs) in enumerate(zip(confidences, sibling_probs)):
         gains += [(reach * q, i) for q in probs]
@@ -114,7 +115,7 @@ def trim_by_cost(
     keep = [0] * len(confidences)
     n = 1 + len(confidences)
     for gain, i in sorted(gains, reverse=True):
-        if gain < cost(n + 1) - cost(n):
+        if gain < rows * (cost(n + 1) - cost(n)):
             break
         keep[i] += 1
         n += 1
@@ -141,7 +142,7 @@ class CapeProposer(TreeProposer):
     """GLIDE + CAPE as a :class:`~hf_specdec.core.tree_decoding.TreeProposer` (see the module docstring).
 
     ``gamma`` (default: the drafter's ``num_assistant_tokens``, else 5) drafter forwards per step build the chain
-    and every expansion set. ``expansion`` is the S(p) table. ``logits_processor``: the processors of the
+    and every expansion set. ``expansion`` is the S(p) table. ``rows``: the batch's rows (``trim_by_cost``). ``logits_processor``: the processors of the
     ``generate`` call (``glide_cape`` passes them), used to rank the draft tokens. After each ``propose``,
     ``last_confidences`` / ``last_sizes`` hold p_i and |X_i| per position.
     """
@@ -153,6 +154,7 @@ class CapeProposer(TreeProposer):
         expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION,
         logits_processor: LogitsProcessorList | None = None,
         cost: CostCurve | None = None,
+        rows: int = 1,
     ):
         if not (hasattr(drafter, "hidden_states") and hasattr(drafter, "draft_logits")):
             raise SpecDecError(
@@ -166,6 +168,7 @@ class CapeProposer(TreeProposer):
         self.expansion = check_expansion(expansion)
         self.logits_processor = logits_processor
         self.cost = cost
+        self.rows = rows
         self.state: GlideDraftCache | None = None
         self.target_cache = None
         self.eos: set[int] = set()
@@ -220,7 +223,7 @@ class CapeProposer(TreeProposer):
             step_ids = input_ids.new_tensor([[token]])
             sequence = torch.cat([sequence, step_ids], dim=1)
         if self.cost is not None:
-            keep = trim_by_cost(self.last_confidences, sibling_probs, self.cost)
+            keep = trim_by_cost(self.last_confidences, sibling_probs, self.cost, self.rows)
             expansions = [siblings[:k] for siblings, k in zip(expansions, keep)]
         self.last_sizes = [len(siblings) for siblings in expansions]
         return cape_tree(proposal, expansions, input_ids.device)
@@ -266,12 +269,14 @@ def glide_cape(
     check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
     mask = model_kwargs.get("attention_mask")
     first = input_ids[0] if mask is None else input_ids[0][mask[0].bool()]  # the cost curve's timing context
+    rows = input_ids.shape[0]  # a batch's rows share each verification forward (trim_by_cost)
     proposer = CapeProposer(
         drafter,
         gamma=cape_gamma,
         expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
         logits_processor=logits_processor,
-        cost=(measured_cost(model, first) if cape_cost is True else (cape_cost or None)),
+        cost=(measured_cost(model, first, batch=rows) if cape_cost is True else (cape_cost or None)),
+        rows=rows,
     )
     return tree_generate(
         model,
