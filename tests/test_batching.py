@@ -437,3 +437,25 @@ def test_pld_plus_batch_is_lossless_on_the_real_target(real_target):
         new = ref[0, ids.shape[1] :].tolist()
         assert out[i, width : width + len(new)].tolist() == new, i
     assert stats.accepted > 0
+
+
+def test_best_depth_cuts_a_lone_long_draft_but_keeps_shared_ones():
+    """One forward verifies every row, padded to the widest tree: a draft that only one row makes must pay for the
+    whole batch (batch_decoding.best_depth), drafts that every row makes share the width."""
+    from hf_specdec.core.batch_decoding import best_depth
+    from hf_specdec.core.verify_cost import CostCurve
+
+    class Known(TreeProposer):
+        def __init__(self, per_token: float, k: int):
+            self.per_token, self.k = per_token, k
+
+        def expected_tokens(self, depth):
+            return 1.0 + self.per_token * min(depth, self.k)
+
+    cost = CostCurve.linear(0.2)
+    chain, none = TokenTree.from_chain([5] * 8), TokenTree.empty()
+    lone = [Known(0.5, 8)] + [Known(0.0, 0)] * 3
+    assert best_depth(lone, [chain, none, none, none], cost) == 0  # (4 + 0.5 d) / (1 + 0.2 d) < 4 for d > 0
+    shared = [Known(0.5, 8)] * 4
+    assert best_depth(shared, [chain] * 4, cost) == 8  # 4 (1 + 0.5 d) / (1 + 0.2 d) grows with d
+    assert best_depth([Known(0.5, 8), TreeProposer()], [chain, none], cost) is None  # unknown: no cut

@@ -175,16 +175,6 @@ def test_adaptive_draft_length_follows_cost_and_acceptance():
     ).for_source(7)  # a cheaper verification drafts more
     assert DraftLength(64, dear, 0.05, 0.9, 0.85).for_source(7) == 0  # not worth a draft: plain step
 
-    # a batch of 4 rows (issue #17): argmax of (3 + E(K)) / c_B(K + 1), nothing unless it beats 4
-    for h, a in ((0.6, 0.6), (0.4, 0.9), (0.9, 0.95)):
-        gains = {k: (3 + 1 + sum(h * a**i for i in range(k))) / (1 + 0.02 * k) for k in range(65)}
-        assert DraftLength(64, cheap, h, 0.9, a, weight=1e9, rows=4).for_source(7) == max(
-            gains, key=gains.get
-        )
-    assert DraftLength(64, cheap, 0.4, 0.9, 0.9, rows=4).for_source(7) < DraftLength(
-        64, cheap, 0.4, 0.9, 0.9
-    ).for_source(7)  # a row's draft slows the whole batch: shorter drafts
-
     lengths = DraftLength(64, dear, 0.4, 0.9, 0.85, weight=4)
     fresh = lengths.for_source(10)
     lengths.update(11, drafted=fresh, accepted=fresh)  # fully accepted: the copy continues at 11 + fresh

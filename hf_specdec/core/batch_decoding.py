@@ -28,13 +28,15 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..errors import SpecDecError
+from . import ragged_cache
 from .acceptance import accept_tree
 from .generate_io import NO_MAX_LENGTH, eos_token_ids, logits_to_keep
 from .proposer import StepFeedback, TreeProposer
-from .ragged_cache import REPACK_FRACTION, RaggedCache
+from .ragged_cache import RaggedCache
 from .stats import DecodeStats
 from .timing import clock
 from .tree import TokenTree, additive_mask
+from .verify_cost import CostCurve
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_hidden_states", "output_attentions")
 
@@ -93,7 +95,8 @@ def batched_tree_generate(
     stats: DecodeStats,
     cache,
     streamer=None,
-    repack_fraction: float = REPACK_FRACTION,
+    repack_fraction: float | None = None,
+    batch_cost: CostCurve | None = None,
 ) -> torch.LongTensor:
     """The batched loop (module docstring); ``tree_generate`` checks the model and builds the arguments."""
     device = input_ids.device
@@ -212,7 +215,7 @@ def batched_tree_generate(
         if len(survivors) < len(rows):
             ragged.select_rows(torch.tensor(survivors, device=device))
         rows = [rows[i] for i in survivors]
-        if ragged.holes() > repack_fraction:
+        if ragged.holes() > (ragged_cache.REPACK_FRACTION if repack_fraction is None else repack_fraction):
             ragged.repack()
         t0 = clock(device)
         for j, (row, acc, m, row_hidden) in enumerate(feedback):
@@ -233,6 +236,11 @@ def batched_tree_generate(
             tree = row.proposer.propose(row.tokens, budget).truncate_depth(max(budget, 0))
             tree.tokens = tree.tokens.to(device)
             row.tree = tree
+        if batch_cost is not None and len(rows) > 1:
+            depth = best_depth([row.proposer for row in rows], [row.tree for row in rows], batch_cost)
+            if depth is not None:
+                for row in rows:
+                    row.tree = row.tree.truncate_depth(depth)
         draft_s = clock(device) - t0
         is_prefill = False
         roots = torch.cat([row.ids[:, -1] for row in rows])
@@ -241,6 +249,24 @@ def batched_tree_generate(
 
     stats.total_time += clock(device) - t_start
     return _assemble(input_ids, finished_ids, pad_id)
+
+
+def best_depth(proposers: list[TreeProposer], trees: list[TokenTree], cost: CostCurve) -> int | None:
+    """The depth to cut every row's tree to, maximising the batch's expected tokens per unit of time,
+    ``sum_b E_b(d) / c(q(d))`` (``E_b``: the row's ``expected_tokens``, ``q(d)``: the forward's width, 1 + the
+    largest cut tree; ``cost``: the batch's cost curve, ``c(1) = 1``). One row's long draft widens the forward of
+    every row, so it is kept only when it pays for all of them. ``None`` when a proposer cannot tell."""
+    deepest = max(t.max_depth for t in trees)
+    best, best_rate = None, 0.0
+    for d in range(deepest + 1):
+        gains = [p.expected_tokens(d) for p in proposers]
+        if any(g is None for g in gains):
+            return None
+        width = 1 + max(sum(1 for x in t.depths if x <= d) for t in trees)
+        rate = sum(gains) / cost(width)
+        if rate > best_rate:
+            best, best_rate = d, rate
+    return best
 
 
 def _assemble(input_ids: torch.Tensor, finished: dict[int, torch.Tensor], pad_id: int) -> torch.Tensor:

@@ -62,3 +62,9 @@ class TreeProposer:
 
     def observe(self, feedback: StepFeedback) -> None:
         """Called after every target forward (prefill included) with what was accepted."""
+
+    def expected_tokens(self, depth: int) -> float | None:
+        """Tokens the last proposed tree is expected to yield when cut to ``depth`` (its bonus token included), or
+        ``None`` (unknown). In a batch, when every row's proposer knows it, the loop cuts the trees to the depth
+        that pays for the whole batch (``batch_decoding.best_depth``)."""
+        return None

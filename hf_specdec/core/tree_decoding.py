@@ -69,6 +69,7 @@ def tree_generate(
     stats: DecodeStats | None = None,
     specdec_streamer=None,
     tree_streamer=None,
+    batch_cost=None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """``custom_generate`` loop: propose a tree, verify it in one forward, accept, compact, repeat.
@@ -76,7 +77,9 @@ def tree_generate(
     Returns what ``generate`` returns (``sequences`` tensor, or a ``GenerateDecoderOnlyOutput`` with
     ``return_dict_in_generate=True``: scores / logits / hidden_states / attentions one entry per new token,
     as ``_sample`` does). ``stats``, if given, is filled with per-step numbers (``DecodeStats.steps``).
-    ``tree_streamer`` is the deprecated name of ``specdec_streamer``.
+    ``tree_streamer`` is the deprecated name of ``specdec_streamer``. ``batch_cost``: a batch's verification cost
+    curve (``verify_cost.measured_cost(..., batch=B)``); with it the trees of a batch are cut to the depth that pays
+    for the whole batch (``batch_decoding.best_depth``).
     """
     device = input_ids.device  # the model's (check_inputs); timed regions wait for it (core/timing.py)
     t_start = clock(device)
@@ -106,6 +109,7 @@ def tree_generate(
             stats if stats is not None else DecodeStats(),
             cache,
             streamer,
+            batch_cost=batch_cost,
         )
         if cfg.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)

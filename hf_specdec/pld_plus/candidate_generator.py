@@ -46,7 +46,6 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         cost: the measured verification cost curve; with it ``K`` adapts per step (:class:`DraftLength`), without
             it every draft has ``K`` tokens.
         priors: :class:`DraftLength`'s prior hit rates (fresh occurrence, running copy) and continuation rate.
-        batch_rows: the rows of the batch this generator drafts one row of (``cost`` is then the batch's curve).
         hidden_size / max_length: size the incremental hidden-state store (PLD+(h)); ``device``: where it lives (the
             model's; default CPU).
         layer: hidden-state index ``l`` (PLD+(h)).
@@ -73,7 +72,6 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         min_score: float | None = None,
         cost: CostCurve | None = None,
         priors: tuple[float, float, float] = DEFAULT_PRIORS,
-        batch_rows: int = 1,
     ):
         if variant not in ("hidden", "attention"):
             raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {variant!r}")
@@ -81,7 +79,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             raise SpecDecError(f"pld_num_tokens must be a positive integer, got {num_draft_tokens!r}")
         self.variant = variant
         self.num_draft_tokens = num_draft_tokens
-        self.lengths = DraftLength(num_draft_tokens, cost, *priors, rows=batch_rows)
+        self.lengths = DraftLength(num_draft_tokens, cost, *priors)
         self.max_length = max_length
         self.layer = layer
         self.heads = heads or {}
@@ -181,6 +179,13 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self.drafted_steps += 1
         self.drafted_tokens += draft.shape[0]
         return torch.cat([input_ids, draft[None].to(input_ids.device)], dim=1), None
+
+    def cut_draft(self, length: int) -> None:
+        """The last draft was verified only up to its first ``length`` tokens (a batch cut it,
+        ``core/batch_decoding.best_depth``): account for what was verified."""
+        if self._pending is not None and length < self._pending[2]:
+            out_start, src_start, _ = self._pending
+            self._pending = (out_start, src_start, length)
 
     def update_candidate_strategy(
         self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int

@@ -25,11 +25,6 @@ class DraftLength:
     each estimate starts from a prior worth ``weight`` observations. Priors come from the summarize tuning
     (``hf-specdec pld-tune``). A single geometric rate for all tokens (this class's first version) under-drafts the
     long, correct copies of edit tasks (docs/pld-plus.md, "Draft length").
-
-    In a batch of ``rows`` rows (issue #17) one forward verifies every row, padded to the longest draft, so a row's
-    draft slows the whole batch: with ``cost`` the batch's curve (``measured_cost(..., batch=rows)``) and the other
-    rows taken as yielding one token each, the step drafts the ``K`` maximising ``(rows - 1 + E(K)) / c(K + 1)``
-    and nothing when no ``K`` beats ``rows`` (a plain batched step). ``rows = 1`` is the rule above.
     """
 
     max_k: int
@@ -38,7 +33,6 @@ class DraftLength:
     prior_run: float = DEFAULT_PRIORS[1]
     prior_continue: float = DEFAULT_PRIORS[2]
     weight: float = 8.0
-    rows: int = 1
     _continue_at: int | None = None
     # [successes, failures] of first tokens (fresh / run) and of later tokens ("continue")
     _counts: dict = field(default_factory=lambda: {"fresh": [0, 0], "run": [0, 0], "continue": [0, 0]})
@@ -57,15 +51,20 @@ class DraftLength:
         if self.cost is None or cap < 1:
             return max(cap, 0)
         h, a = self.acceptance(self._last), min(self.acceptance("continue"), 0.999)
-        others = self.rows - 1  # tokens the rest of the batch yields per step (one each)
-        best_k, best_gain, expected, term = 0, float(self.rows), 1.0, h
+        best_k, best_gain, expected, term = 0, 1.0, 1.0, h
         for k in range(1, cap + 1):
             expected += term  # + P(the k-th drafted token is accepted) = h a^(k-1)
             term *= a
-            gain = (others + expected) / self.cost(k + 1)
+            gain = expected / self.cost(k + 1)
             if gain > best_gain:
                 best_k, best_gain = k, gain
         return best_k
+
+    def expected(self, k: int) -> float:
+        """``E(k)``: the tokens a ``k``-token draft from the last :meth:`for_source` occurrence yields (its bonus
+        token included)."""
+        h, a = self.acceptance(self._last), min(self.acceptance("continue"), 0.999)
+        return 1.0 + h * (1.0 - a**k) / (1.0 - a)
 
     def update(self, source_start: int | None, drafted: int, accepted: int) -> None:
         """After verification: ``accepted`` of the ``drafted`` tokens copied from ``source_start`` were kept."""

@@ -142,7 +142,6 @@ def pld_plus(
                 layer=resolve_layer(model, pld_layer),
                 hidden_size=model.config.get_text_config().hidden_size,
                 device=input_ids.device,
-                batch_rows=input_ids.shape[0],
                 **common,
             )
 
@@ -159,6 +158,7 @@ def pld_plus(
                 streamer,
                 proposer=PLDPlusProposer(make_generator),
                 stats=stats,
+                batch_cost=cost,
                 specdec_streamer=specdec_streamer if specdec_streamer is not None else pld_streamer,
                 **model_kwargs,
             )

@@ -6,7 +6,9 @@ per row. Each wraps its own candidate generator and replays the assisted loop's 
 ``get_candidates`` with the artifacts of the last verification (hidden state ``l`` of the tokens it added to the
 cache, the root and the accepted draft tokens), ``observe`` is ``update_candidate_strategy`` with the number of
 accepted tokens. Occurrence ranking, the adaptive draft length and the copied spans are therefore per row and the
-same as PLD+'s at batch size 1 (``tests/test_batching.py`` checks equal drafts and forwards on one row).
+same as PLD+'s at batch size 1 (``tests/test_batching.py`` checks equal drafts and forwards on one row). In a batch
+each row's draft length is chosen on the batch's cost curve, and :meth:`expected_tokens` lets the batched loop cut
+the drafts to the width that pays for the whole batch (``batch_decoding.best_depth``).
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ class PLDPlusProposer(TreeProposer):
         self.make_generator = make_generator
         self.generator: PLDPlusCandidateGenerator | None = None
         self._outputs = None
+        self._drafted = 0  # tokens in the last draft
 
     def start(self, model, input_ids, generation_config) -> None:
         self.generator = self.make_generator()
         self._outputs = None
 
     def observe(self, feedback: StepFeedback) -> None:
+        if feedback.tree is not None:  # the batch may have cut the draft (batch_decoding.best_depth)
+            self.generator.cut_draft(len(feedback.tree))
         # after every forward, the prefill included, as the assisted loop does
         self.generator.update_candidate_strategy(feedback.input_ids, None, feedback.num_accepted)
         self._outputs = SimpleNamespace(hidden_states=feedback.hidden_states)
@@ -44,4 +49,10 @@ class PLDPlusProposer(TreeProposer):
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         sequence, _ = self.generator.get_candidates(input_ids, model_outputs=self._outputs)
         draft = sequence[0, input_ids.shape[1] :][:max_depth]
+        self._drafted = draft.shape[0]
         return TokenTree.from_chain(draft)
+
+    def expected_tokens(self, depth: int) -> float:
+        """Tokens this row's draft yields when cut to ``depth`` (``DraftLength.expected``; 1 without a draft)."""
+        k = min(depth, self._drafted)
+        return self.generator.lengths.expected(k) if k else 1.0
