@@ -63,6 +63,8 @@ from .candidate_generator import GlideDraftCache
 # S(p) of §4.2 as (upper bound of the confidence bin, K): K = 7 for p <= 0.3, 5 for p <= 0.6, 3 for p <= 0.8,
 # 1 above. Bins are left-open, right-closed; the last upper bound must be >= 1.
 DEFAULT_EXPANSION: tuple[tuple[float, int], ...] = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
+# No expansion set at any confidence: the proposal chain alone (GLIDE's chain at batch size > 1, modeling/glide.py)
+CHAIN: tuple[tuple[float, int], ...] = ((1.0, 0),)
 
 
 def check_expansion(expansion: Sequence[Sequence[float]]) -> tuple[tuple[float, int], ...]:
