@@ -326,9 +326,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         from hf_specdec.core.chain_drafting import chain_length
         from hf_specdec.edd.tree_proposer import EddTreeProposer
 
-        if self.target is not target:
-            self.attach_target(target)
-        return EddTreeProposer(self, "chain", depth=chain_length(self))
+        return EddTreeProposer(self, "chain", depth=chain_length(self))  # attached to target on start
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.decoder.config)

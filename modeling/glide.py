@@ -343,17 +343,8 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         return GlideCandidateGenerator(self, target, generation_config, logits_processor)
 
     def make_tree_proposer(self, target, generation_config=None, logits_processor=None, **_):
-        """Called by ``hf_specdec.core.assisted`` when this model is the ``assistant_model`` of a batch (more than
-        one row): the chain of gamma (``generation_config.num_assistant_tokens``) tokens as a tree proposer for the
-        batched tree loop, i.e. CAPE without expansion sets (GLIDE, or the vanilla drafter when
-        ``cross_attention`` is False). Each draft is the argmax of the drafter's distribution (after the call's
-        logits processors): deterministic, so the tree core verifies it losslessly greedily and with sampling
-        (one-hot q)."""
-        from hf_specdec.core.chain_drafting import chain_length
-        from hf_specdec.glide.cape import CHAIN, CapeProposer
+        """Called by ``hf_specdec.core.assisted`` for a batch (more than one row) with this ``assistant_model``: the
+        chain as a tree proposer (``hf_specdec.glide.cape.chain_proposer``), attached to ``target`` on ``start``."""
+        from hf_specdec.glide.cape import chain_proposer
 
-        if self.target is not target:
-            self.attach_target(target)
-        return CapeProposer(
-            self, chain_length(self), expansion=CHAIN, logits_processor=logits_processor, cost=None
-        )
+        return chain_proposer(self, logits_processor)
