@@ -8,8 +8,8 @@ One import, one keyword::
     target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide)  # GLIDE + CAPE trees
     target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=...)  # any token-tree proposer
 
-Importing registers the drafters with the Auto classes and installs the one hook into transformers'
-assisted loop (``hf_specdec.core.assisted``).
+Importing registers the drafters with the Auto classes and installs the hooks into transformers' assisted loop
+(``hf_specdec.core.assisted``: a drafter's own candidate generator; a batch with a drafter runs the batched tree loop).
 
 Layout: ``core/`` (the verification core every method shares), one package per method (``pld_plus/``,
 ``glide/``, ``edd/``, ``space/``), ``bench/``, ``cli/``. ``hf_specdec.pld_plus`` and ``hf_specdec.space`` name the

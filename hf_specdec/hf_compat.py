@@ -11,8 +11,11 @@ Entries:
 - ``candidate_generator_hook``: ``GenerationMixin._get_candidate_generator``, the method transformers' assisted
   loop asks for its ``CandidateGenerator``. hf_specdec wraps it (``core/assisted.py``) so that GLIDE/EDD drafters
   supply their own generator.
-- ``assisted_decoding``: ``model._assisted_decoding``, transformers' assisted loop, run by PLD+ with its own
-  generator (the model instance answers ``_get_candidate_generator`` with it for the duration of the call).
+- ``assisted_decoding``: ``GenerationMixin._assisted_decoding``, transformers' assisted loop (what
+  ``generate(assistant_model=...)`` runs). PLD+ runs it with its own generator (the model instance answers
+  ``_get_candidate_generator`` with it for the duration of the call), and hf_specdec wraps it (``core/assisted.py``)
+  so that a batch with a GLIDE/EDD drafter as ``assistant_model`` runs the batched tree loop instead of
+  transformers' "batch_size = 1" error; the wrapper reads the parameters in :data:`ASSISTED_DECODING_PARAMETERS`.
 - ``attn_implementation``: ``config._attn_implementation``, the attention implementation a model runs (5.23 has
   a public setter, ``set_attn_implementation``, but no public getter).
 - ``cache_layers``: the fields of ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` that compacting a cache to an
@@ -47,9 +50,12 @@ __all__ = [
     "LlamaRMSNorm",
     "apply_rotary_pos_emb",
     "assisted_decoding",
+    "assisted_decoding_arguments",
+    "assisted_decoding_hook",
     "attn_implementation",
     "candidate_generator_arguments",
     "candidate_generator_hook",
+    "set_assisted_decoding_hook",
     "set_candidate_generator_hook",
     "set_layer_entries",
 ]
@@ -84,6 +90,45 @@ def candidate_generator_arguments(model, args: tuple, kwargs: dict) -> dict:
 
 
 # ------------------------------------------------------------------ assisted_decoding
+ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
+# the parameters (after self) the wrapper reads from a call, plus the ``**model_kwargs`` it forwards; every other call
+# is passed through to the original unchanged
+ASSISTED_DECODING_PARAMETERS = (
+    "input_ids",
+    "logits_processor",
+    "stopping_criteria",
+    "generation_config",
+    "synced_gpus",
+    "streamer",
+    "assistant_model",
+)
+
+
+def assisted_decoding_hook():
+    """The method ``generate`` runs for assisted generation (whatever is installed now)."""
+    return GenerationMixin._assisted_decoding
+
+
+def set_assisted_decoding_hook(hook) -> None:
+    """Install ``hook(self, *args, **kwargs)`` as ``GenerationMixin._assisted_decoding``."""
+    GenerationMixin._assisted_decoding = hook
+
+
+def assisted_decoding_arguments(model, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """A call's named arguments (bound to transformers' own signature, defaults filled in, ``self`` left out) and
+    its ``**model_kwargs``."""
+    signature = inspect.signature(ORIGINAL_ASSISTED_DECODING)
+    bound = signature.bind(model, *args, **kwargs)
+    bound.apply_defaults()
+    named, extra = {}, {}
+    for name, value in list(bound.arguments.items())[1:]:
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            extra = dict(value)
+        else:
+            named[name] = value
+    return named, extra
+
+
 def assisted_decoding(model, generator, *args, **kwargs):
     """transformers' ``_assisted_decoding`` loop with ``generator`` as its candidate generator: for the duration of
     the call the model *instance* answers ``_get_candidate_generator`` with it (removed afterwards, on every exit

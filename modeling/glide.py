@@ -341,3 +341,10 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         if self.target is not target:
             self.attach_target(target)
         return GlideCandidateGenerator(self, target, generation_config, logits_processor)
+
+    def make_tree_proposer(self, target, generation_config=None, logits_processor=None, **_):
+        """Called by ``hf_specdec.core.assisted`` for a batch (more than one row) with this ``assistant_model``: the
+        chain as a tree proposer (``hf_specdec.glide.cape.chain_proposer``), attached to ``target`` on ``start``."""
+        from hf_specdec.glide.cape import chain_proposer
+
+        return chain_proposer(self, logits_processor)

@@ -12,6 +12,7 @@ from hf_specdec.bench.methods import (
     AutoRegressive,
     BenchContext,
     HFPromptLookup,
+    get_method,
     greedy_new_tokens,
     left_pad,
     run_row,
@@ -155,3 +156,35 @@ def test_bench_batch_size(tiny_bytes_checkpoint, tmp_path, batch_size):
         assert "| mt-bench | hf-pld | no: rows one at a time |" in report
         assert "batched `ar` == `ar` on the row alone: mt-bench 4/4 rows" in report
     assert all(r["lossless"] for r in saved["runs"])
+
+
+@pytest.mark.parametrize("name", ["glide", "vanilla-draft", "edd"])
+def test_chain_drafter_methods_run_their_batch_in_one_call(name, tmp_path):
+    """``glide`` / ``vanilla-draft`` / ``edd`` take the batch in one ``generate(assistant_model=...)`` call (the
+    batched tree loop): each row equals ``ar`` on the row alone and the stats are the loop's (drafts counted); a batch
+    of one row runs transformers' assisted loop (rows one at a time, stats inferred)."""
+    from hf_specdec.modeling import EddConfig, EddForCausalLM, GlideConfig, GlideForCausalLM
+
+    torch.manual_seed(0)
+    if name == "edd":
+        model = tiny_llama(num_hidden_layers=4)
+        drafter = EddForCausalLM(EddConfig.for_target(model))
+        drafter.init_from_target(model)
+        options = {"edd": str(tmp_path)}
+    else:
+        model = tiny_llama()
+        drafter = GlideForCausalLM(GlideConfig.for_target(model, cross_attention=name == "glide"))
+        drafter.attach_target(model).init_from_target(model)
+        options = {"glide" if name == "glide" else "vanilla": str(tmp_path)}
+    drafter.save_pretrained(tmp_path)
+    runner = get_method(name)()
+    tokenizer = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 2})()
+    runner.setup(BenchContext(model, tokenizer, "fp32", {**options, "gamma": "3"}))
+    alone = [greedy_new_tokens(model, torch.tensor([p]), 10).tolist() for p in PROMPTS]
+    ids, mask = left_pad(PROMPTS, pad_id=0)
+    rows, stats = runner.generate_batch(ids, mask, 10)
+    assert runner.batchable and rows == alone
+    assert stats.batched_forwards > 0 and stats.drafted > 0
+    assert stats.target_forwards == sum(s["rows"] for s in stats.steps)
+    rows, stats = runner.generate_batch(ids[:1], mask[:1], 10)
+    assert rows == alone[:1] and stats.batched_forwards == 0 and stats.target_forwards > 0

@@ -81,18 +81,37 @@ def test_candidate_generator_hook(monkeypatch):
 
 
 def test_assisted_decoding(monkeypatch):
-    """``_assisted_decoding`` takes what PLD+ passes, asks the model instance for its generator (PLD+'s drafts are
-    used), and the instance override is gone afterwards."""
-    params = inspect.signature(GenerationMixin._assisted_decoding).parameters
-    wanted = [
-        "input_ids",
-        "logits_processor",
-        "stopping_criteria",
-        "generation_config",
-        "synced_gpus",
-        "streamer",
-    ]
-    assert all(p in params for p in wanted), f"{_entry('assisted_decoding')}: parameters are {list(params)}"
+    """``_assisted_decoding`` takes the parameters the batch wrapper reads (and ``**model_kwargs``), generate
+    (assistant_model=...) still runs it (once) on a batch, whose rows then come from the batched tree loop; it takes
+    what PLD+ passes, asks the model instance for its generator (PLD+'s drafts are used), and the instance override is
+    gone afterwards."""
+    params = inspect.signature(hf_compat.ORIGINAL_ASSISTED_DECODING).parameters
+    missing = [p for p in hf_compat.ASSISTED_DECODING_PARAMETERS if p not in params]
+    assert not missing, f"{_entry('assisted_decoding')}: parameters {missing} are gone ({list(params)})"
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), (
+        f"{_entry('assisted_decoding')}: no **model_kwargs ({list(params)})"
+    )
+    assert assisted.installed(), _entry("assisted_decoding") + ": the batch wrapper is not installed"
+    calls = []
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("assistant_model"))
+        return assisted._assisted_decoding(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "_assisted_decoding", spy)
+    target = tiny_llama()
+    glide = _glide(target)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 5, 6, 7, 8]])
+    mask = (ids != 0).long()
+    with assisted.batch_stats() as stats:
+        out = target.generate(
+            ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, assistant_model=glide
+        )
+    assert calls == [glide], f"{_entry('assisted_decoding')}: generate ran it {len(calls)} times"
+    assert stats.batched_forwards > 0, f"{_entry('assisted_decoding')}: the batch did not run the tree loop"
+    for i, start in enumerate((2, 0)):
+        alone = target.generate(ids[i : i + 1, start:], max_new_tokens=4, do_sample=False)[0]
+        assert out[i, start : start + len(alone)].tolist() == alone.tolist()
     model, proposed = tiny_llama(), []
     original = PLDPlusCandidateGenerator.get_candidates
 
@@ -162,6 +181,55 @@ def test_hook_passes_every_argument_through(monkeypatch):
         tiny_llama(), "cfg", 1, None, None, {}, assistant_model=None, added_in_a_future_release=2
     )
     assert seen == [("cfg", 1, 2)]
+
+
+def test_batch_hook_passes_every_argument_through(monkeypatch):
+    """A transformers release that adds a parameter to the assisted loop: a batch-1 call (or another assistant) is
+    passed on as is. One that renames a parameter the wrapper reads: a batch with our drafter is a SpecDecError
+    naming the entry, not a wrong call."""
+    seen = []
+
+    def future(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+               streamer=None, inputs_tensor=None, assistant_model=None, added_in_a_future_release=None,
+               **model_kwargs):  # fmt: skip
+        seen.append((input_ids.shape[0], assistant_model, added_in_a_future_release, model_kwargs))
+
+    monkeypatch.setattr(hf_compat, "ORIGINAL_ASSISTED_DECODING", future)
+    monkeypatch.setattr(assisted, "ORIGINAL_ASSISTED_DECODING", future)
+    model = tiny_llama()
+    one, two = torch.ones(1, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    assisted._assisted_decoding(
+        model, one, None, None, "cfg", assistant_model=_glide(model), added_in_a_future_release=2, x=3
+    )
+    assisted._assisted_decoding(
+        model, two, None, None, "cfg", assistant_model="other", added_in_a_future_release=4
+    )
+    assert [s[:1] + s[2:] for s in seen] == [(1, 2, {"x": 3}), (2, 4, {})]
+
+    def renamed(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                text_streamer=None, assistant_model=None, **model_kwargs):  # fmt: skip
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(hf_compat, "ORIGINAL_ASSISTED_DECODING", renamed)
+    monkeypatch.setattr(assisted, "ORIGINAL_ASSISTED_DECODING", renamed)
+    with pytest.raises(SpecDecError, match=r"\['streamer'\].*assisted_decoding"):
+        assisted._assisted_decoding(model, two, None, None, "cfg", assistant_model=_glide(model))
+
+
+def test_batch_with_another_assistant_keeps_transformers_error():
+    """No silent change: a batch with an assistant that is not an hf_specdec drafter reaches transformers' own loop,
+    which refuses it as before."""
+    target = tiny_llama()
+    ids = torch.tensor([[0, 5, 6], [4, 5, 6]])
+    with pytest.raises(ValueError, match="batch_size = 1"):
+        target.generate(
+            ids,
+            attention_mask=(ids != 0).long(),
+            max_new_tokens=3,
+            do_sample=False,
+            pad_token_id=0,
+            assistant_model=tiny_llama(seed=1),
+        )
 
 
 def test_our_drafter_without_our_generator_raises(monkeypatch):

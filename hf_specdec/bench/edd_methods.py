@@ -1,7 +1,8 @@
 """Bench methods for EDD (edd-pct.txt §3.1) and its candidate trees (§3.2, App. A).
 
 - ``edd``: chain drafts of gamma = 5 through ``target.generate(assistant_model=edd)`` (Table 1's setting);
-  stats inferred from the target's forwards.
+  stats inferred from the target's forwards; at ``--batch-size B > 1`` one call per batch (the batched tree loop,
+  ``core/assisted.py``) and that loop's stats.
 - ``edd-pct``: PCT (width 5, max depth 10, removal threshold 0.01, s_d/s_t measured while decoding).
 - ``edd-vct``: the vanilla candidate tree, width 3, depth 5 (App. A).
 - ``edd-eagle2``: EAGLE-2-style re-ranked tree, top-10 expansion, depth 6, 50 nodes (App. A).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from .methods import GenerateCallMethod, Method, greedy_new_tokens, register
+from .methods import GenerateCallMethod, Method, batched_assisted, greedy_new_tokens, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources" / "edd-smollm2"
 DEFAULTS = [Path("runs/edd-smollm2"), PACKAGED]
@@ -62,8 +63,13 @@ class EddChain(Method):
         if "gamma" in ctx.options:
             self.edd.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
 
+    batchable = True
+
     def generate(self, input_ids, max_new_tokens):
         return greedy_new_tokens(self.model, input_ids, max_new_tokens, assistant_model=self.edd), None
+
+    def generate_batch(self, input_ids, attention_mask, max_new_tokens):
+        return batched_assisted(self, input_ids, attention_mask, max_new_tokens)
 
 
 class _EddTree(GenerateCallMethod):

@@ -4,7 +4,9 @@ GLIDE drafter (glide-cape.txt §4.1) or the vanilla drafter (same architecture w
 Checkpoints come from ``--option glide=PATH`` / ``--option vanilla=PATH``; by default ``runs/glide-smollm2`` and
 ``runs/vanilla-smollm2`` (what ``hf-specdec train glide`` writes in the docs' recipe), then the GLIDE checkpoint
 shipped in the package (``hf_specdec/resources/glide-smollm2``). ``--option gamma=N`` sets the number of draft
-tokens per round (default 5). Stats are inferred from the target's forwards (``stats.ForwardMeter``).
+tokens per round (default 5). Stats are inferred from the target's forwards (``stats.ForwardMeter``). At
+``--batch-size B > 1`` both take the batch in one ``generate(assistant_model=drafter)`` call (each row drafts its
+own chain in the batched tree loop, ``core/assisted.py``) and report that loop's stats.
 
 ``glide-cape``: the same GLIDE checkpoint with CAPE (§4.2, ``hf_specdec.glide.cape``): gamma = 5 proposal tokens plus
 confidence-sized expansion sets, verified as one token tree per target forward through ``custom_generate=
@@ -19,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
-from .methods import GenerateCallMethod, register
+from .methods import GenerateCallMethod, batched_assisted, register
 
 PACKAGED = Path(__file__).resolve().parent.parent / "resources"
 DEFAULTS = {
@@ -54,18 +56,25 @@ class _DrafterMethod(GenerateCallMethod):
             self.drafter.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
 
     def generate_kwargs(self) -> dict:
-        return dict(assistant_model=self.drafter)  # chain drafts in transformers' assisted loop: batch 1 only
+        return dict(assistant_model=self.drafter)  # chain drafts in transformers' assisted loop at batch 1
+
+
+class _ChainMethod(_DrafterMethod):
+    batchable = True
+
+    def generate_batch(self, input_ids, attention_mask, max_new_tokens):
+        return batched_assisted(self, input_ids, attention_mask, max_new_tokens)
 
 
 @register
-class Glide(_DrafterMethod):
+class Glide(_ChainMethod):
     name = "glide"
     description = "GLIDE drafter (cross-attention into the target's KV cache) via assistant_model, gamma=5"
     kind = "glide"
 
 
 @register
-class VanillaDraft(_DrafterMethod):
+class VanillaDraft(_ChainMethod):
     name = "vanilla-draft"
     description = "vanilla drafter (GLIDE without cross-attention) via assistant_model, gamma=5"
     kind = "vanilla"

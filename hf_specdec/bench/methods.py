@@ -8,8 +8,8 @@ target. Register with ``@register``; modules that define methods are listed in `
 
 Batches (``hf-specdec bench --batch-size B``): ``generate_batch(input_ids, attention_mask, max_new_tokens) ->
 (per-row new tokens, stats or None)`` takes a left-padded batch. The default, :meth:`Method.generate_rows`, runs the
-rows one at a time through ``generate`` (what a transformers user does for assisted generation, which refuses a
-batch). A method opts in to one batched call by overriding ``generate_batch`` and setting ``batchable = True``; the
+rows one at a time through ``generate`` (what a transformers user does for assisted generation with transformers'
+own assistants, which refuse a batch; hf_specdec's chain drafters take one, :func:`batched_assisted`). A method opts in to one batched call by overriding ``generate_batch`` and setting ``batchable = True``; the
 harness calls ``generate_rows`` for every method whose ``batchable`` is False, and the report marks those rows.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.assisted import batch_stats
 from ..core.generate_io import eos_token_ids
 from ..core.stats import DecodeStats, ForwardMeter
 from ..core.timing import clock
@@ -173,6 +174,21 @@ def batched_greedy_with_stats(
     """:func:`batched_greedy` for a ``custom_generate`` loop that fills its own ``stats=DecodeStats()``."""
     stats = DecodeStats()
     rows = batched_greedy(model, input_ids, attention_mask, max_new_tokens, pad_id, stats=stats, **kwargs)
+    return rows, stats
+
+
+def batched_assisted(
+    method: Method, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+) -> tuple[list[list[int]], DecodeStats]:
+    """``method``'s batch through ``generate(assistant_model=method.drafter)`` (an hf_specdec chain drafter: the
+    batched tree loop, ``core/assisted.py``), its ``DecodeStats`` collected with ``assisted.batch_stats`` (``generate``
+    takes no ``stats=`` for assisted generation). A batch of one row runs transformers' assisted loop, so it goes
+    through :meth:`Method.generate_rows` (stats inferred from the target's forwards, as at batch 1)."""
+    if input_ids.shape[0] == 1:
+        return method.generate_rows(input_ids, attention_mask, max_new_tokens)
+    args = (method.model, input_ids, attention_mask, max_new_tokens, pad_token_id(method.ctx.tokenizer))
+    with batch_stats() as stats:
+        rows = batched_greedy(*args, assistant_model=method.drafter)
     return rows, stats
 
 

@@ -7,7 +7,8 @@
   set-up, stopping, streamer, EOS ids, appending tokens, output assembly);
 - ``tree_decoding.py``: the tree decoding loop (``tree_generate``) with a pluggable :class:`TreeProposer`;
 - ``chain_drafting.py``: what chain drafters (GLIDE, EDD) share in transformers' assisted loop, gamma's default;
-- ``assisted.py``: the one hook into transformers' assisted loop (its private names: ``hf_specdec/hf_compat.py``);
+- ``assisted.py``: the hooks into transformers' assisted loop (the drafters' generators; a batch with a drafter runs
+  the batched tree loop; its private names: ``hf_specdec/hf_compat.py``);
 - ``verify_cost.py``: the measured cost of a verification forward; ``timing.py``: device-correct timing;
   ``stats.py``: tau, alpha and timings;
 - ``lossless.py``: comparing an output with plain greedy decoding.

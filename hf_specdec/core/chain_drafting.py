@@ -16,6 +16,11 @@ from .generate_io import eos_token_ids
 DEFAULT_GAMMA = 5  # gamma, the proposal length, when nothing else sets it
 
 
+def chain_length(drafter: PreTrainedModel) -> int:
+    """gamma of a drafter's chain: its ``generation_config.num_assistant_tokens``, else :data:`DEFAULT_GAMMA`."""
+    return int(getattr(drafter.generation_config, "num_assistant_tokens", None) or DEFAULT_GAMMA)
+
+
 def init_chain_drafting(
     generator: CandidateGenerator,
     drafter: PreTrainedModel,
@@ -26,9 +31,7 @@ def init_chain_drafting(
     ``max_length``, ``eos`` (list of eos ids, empty when there are none) and ``logits_processor`` (the target's processors
     without ``MinLengthLogitsProcessor``: a draft that ends early is only a shorter proposal, and the target's
     own processors still enforce the minimum length on what it accepts)."""
-    generator.num_draft_tokens = int(
-        getattr(drafter.generation_config, "num_assistant_tokens", None) or DEFAULT_GAMMA
-    )
+    generator.num_draft_tokens = chain_length(drafter)
     generator.do_sample = bool(generation_config.do_sample)
     generator.max_length = generation_config.max_length
     generator.eos = eos_token_ids(generation_config)

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from ..core.chain_drafting import DEFAULT_GAMMA
+from ..core.chain_drafting import DEFAULT_GAMMA, chain_length
 from ..core.generate_io import check_prompt, eos_token_ids
 from ..core.stats import DecodeStats
 from ..core.tree import ROOT, TokenTree
@@ -63,6 +63,8 @@ from .candidate_generator import GlideDraftCache
 # S(p) of §4.2 as (upper bound of the confidence bin, K): K = 7 for p <= 0.3, 5 for p <= 0.6, 3 for p <= 0.8,
 # 1 above. Bins are left-open, right-closed; the last upper bound must be >= 1.
 DEFAULT_EXPANSION: tuple[tuple[float, int], ...] = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
+# No expansion set at any confidence: the proposal chain alone (GLIDE's chain at batch size > 1, modeling/glide.py)
+CHAIN: tuple[tuple[float, int], ...] = ((1.0, 0),)
 
 
 def check_expansion(expansion: Sequence[Sequence[float]]) -> tuple[tuple[float, int], ...]:
@@ -227,6 +229,17 @@ class CapeProposer(TreeProposer):
             expansions = [siblings[:k] for siblings, k in zip(expansions, keep)]
         self.last_sizes = [len(siblings) for siblings in expansions]
         return cape_tree(proposal, expansions, input_ids.device)
+
+
+def chain_proposer(drafter, logits_processor: LogitsProcessorList | None = None) -> CapeProposer:
+    """GLIDE's (or the vanilla drafter's) chain of gamma tokens (``generation_config.num_assistant_tokens``) as a tree
+    proposer: CAPE without expansion sets (:data:`CHAIN`) or cost trimming; what ``target.generate(**batch,
+    assistant_model=drafter)`` drafts at batch size > 1 (``core/assisted.py``). Each draft is the argmax of the
+    drafter's distribution (after ``logits_processor``): deterministic, so the tree core verifies it losslessly
+    greedily and with sampling (one-hot q)."""
+    return CapeProposer(
+        drafter, chain_length(drafter), expansion=CHAIN, logits_processor=logits_processor, cost=None
+    )
 
 
 def glide_cape(
