@@ -104,7 +104,7 @@ def run(args) -> int:
         batch_size=args.batch_size,
         check_rows=args.check_rows,
     )
-    from .harness import report_markdown
+    from .report import report_markdown
 
     print(report_markdown(results))
     print(f"wrote {args.out}/results.json, {args.out}/report.md, {args.out}/speedup.png")

@@ -1,13 +1,10 @@
-"""``hf-specdec bench``: methods interleaved per prompt in one process, so machine drift hits all alike.
+"""``hf-specdec bench``: methods interleaved per prompt (or batch) in one process, so machine drift hits all alike.
 
-For every (method, task) it records walltime speedup over ``ar``, tokens/s, tau, alpha, draft and
-verify time shares and losslessness against ``ar``'s output (see ``core/lossless.py``), and writes
-``results.json`` (top-level ``runs``), ``report.md`` and ``speedup.png``.
-"""
+For every (method, task) it records walltime speedup over ``ar``, tokens/s, tau, alpha, draft and verify time
+shares and losslessness against ``ar``'s output (``core/lossless.py``); ``report.py`` writes the outputs."""
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 from pathlib import Path
@@ -19,10 +16,11 @@ from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
 from ..core.stats import DecodeStats, ForwardMeter
 from ..core.timing import clock
 from ..errors import SpecDecError
-from ..machine import describe_machine, machine_line, resolve_auto_dtype
+from ..machine import describe_machine, resolve_auto_dtype
 from ..target import load_target, resolve_dtype
 from ..tasks import load_task
 from .methods import BenchContext, get_method, left_pad, pad_token_id, run_row
+from .report import write_outputs
 
 REFERENCE = "ar"
 
@@ -349,127 +347,3 @@ def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
                 timed[key] = drafter_cost(runner.drafter, target)
             costs[name] = round(timed[key], 4)
     return costs
-
-
-def _fmt(v, pattern="{:.2f}") -> str:
-    return "-" if v is None else pattern.format(v)
-
-
-def report_markdown(results: dict) -> str:
-    cfg = results["config"]
-    lines = [
-        "# hf-specdec bench",
-        "",
-        f"`{results['command']}`" if results.get("command") else "",
-        "",
-        f"model: {cfg['model']}, dtype {cfg['dtype']}, {cfg['limit']} prompts per task, max_new_tokens {cfg['max_new_tokens']}, "
-        f"batch size {cfg.get('batch_size', 1)}, torch threads {cfg['torch_threads']}, tie tolerance {cfg['tie_tol']}",
-        "",
-        f"machine: {machine_line(cfg['machine_info'])}" if cfg.get("machine_info") else "",
-        "",
-    ]
-    batched = cfg.get("batch_size", 1) > 1
-    if batched:
-        lines += [
-            "| task | method | batched | speedup | tokens/s | tau | alpha | draft share | verify share | lossless "
-            "| = `ar` on the row alone |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
-        ]
-    else:
-        lines += [
-            "| task | method | speedup | tokens/s | tau | alpha | draft share | verify share | lossless |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|",
-        ]
-    for r in results["runs"]:
-        lossless = ("yes" if r["lossless"] else "**NO**") + (
-            f" ({len(r['ties'])} near-ties)" if r["ties"] else ""
-        )
-        figures = (
-            f"{_fmt(r['speedup'])}x | {_fmt(r['tokens_per_s'], '{:.1f}')} | {_fmt(r['tau'])} | "
-            f"{_fmt(r['alpha'])} | {_fmt(r['draft_share'])} | {_fmt(r['verify_share'])} | {lossless} |"
-        )
-        if batched:
-            mode = "yes" if r["batched"] else "no: rows one at a time"
-            alone = (
-                "-" if r["row_alone_identical"] is None else f"{r['row_alone_identical']}/{r['n_prompts']}"
-            )
-            lines.append(f"| {r['task']} | {r['method']} | {mode} | {figures} {alone} |")
-        else:
-            lines.append(f"| {r['task']} | {r['method']} | {figures}")
-    lines += [
-        "",
-        "speedup = tokens/s over `ar` in the same run; tau = tokens per target forward (bonus token counted); "
-        "alpha = accepted / drafted tokens; shares are of wall time (draft share = all time outside target forwards).",
-        "",
-    ]
-    if batched:
-        b = cfg["batch_size"]
-        lines += [
-            f"Batches of {b} prompts (the last of a task may be smaller), left-padded; tokens/s counts every row; "
-            f"`ar` is plain batched `generate` at batch {b}, the reference of speedup and of lossless. tau counts "
-            "target forwards per row (a forward over r active rows counts r). batched = no: the method ran each row "
-            "alone, one after the other, timed as the whole batch (transformers refuses a batch for assisted "
-            "generation: `hf-pld`, `glide`, `edd`, ...). lossless: each row equals batched `ar`'s row or `ar` on the row alone (both plain greedy "
-            "`generate`); the last column counts the rows identical to `ar` on the row alone.",
-            "",
-        ]
-        if cfg.get("check_rows"):
-            lines += [
-                "batched `ar` == `ar` on the row alone: "
-                + ", ".join(
-                    f"{r['task']} {r['row_alone_identical']}/{r['n_prompts']} rows"
-                    for r in results["runs"]
-                    if r["method"] == "ar"
-                ),
-                "",
-            ]
-    if results.get("drafter_cost"):
-        costs = ", ".join(f"`{m}` {c:.3f}" for m, c in results["drafter_cost"].items())
-        lines += [
-            f"drafter cost c (one draft forward / one target forward, timed here, {cfg['dtype']}): {costs}",
-            "",
-        ]
-    failures = [(r["method"], r["task"], f) for r in results["runs"] for f in r["failures"]]
-    if failures:
-        lines += (
-            ["## Not lossless", ""]
-            + [f"- {m} on {t}, {f['id']}: {f['reason']}" for m, t, f in failures]
-            + [""]
-        )
-    return "\n".join(lines)
-
-
-def plot_speedup(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = results["config"]["tasks"]
-    methods = results["config"]["methods"]
-    by = {(r["method"], r["task"]): r["speedup"] or 0.0 for r in results["runs"]}
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(tasks), 4))
-    for k, m in enumerate(methods):
-        xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(tasks))]
-        bars = ax.bar(xs, [by[(m, t)] for t in tasks], width, label=m)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xticks(range(len(tasks)), tasks)
-    ax.set_ylabel("speedup over plain generate (x)")
-    batch = results["config"].get("batch_size", 1)
-    ax.set_title(
-        f"hf-specdec bench ({results['config']['dtype']}, {results['config']['limit']} prompts/task"
-        + (f", batch {batch})" if batch > 1 else ")")
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_outputs(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "report.md").write_text(report_markdown(results))
-    plot_speedup(results, out / "speedup.png")

@@ -28,11 +28,10 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from ..errors import SpecDecError
-from . import ragged_cache
 from .acceptance import accept_tree
 from .generate_io import NO_MAX_LENGTH, eos_token_ids, logits_to_keep
 from .proposer import StepFeedback, TreeProposer
-from .ragged_cache import RaggedCache
+from .ragged_cache import REPACK_FRACTION, RaggedCache
 from .stats import DecodeStats
 from .timing import clock
 from .tree import TokenTree, additive_mask
@@ -95,7 +94,7 @@ def batched_tree_generate(
     stats: DecodeStats,
     cache,
     streamer=None,
-    repack_fraction: float | None = None,
+    repack_fraction: float = REPACK_FRACTION,
     batch_cost: CostCurve | None = None,
 ) -> torch.LongTensor:
     """The batched loop (module docstring); ``tree_generate`` checks the model and builds the arguments."""
@@ -215,7 +214,7 @@ def batched_tree_generate(
         if len(survivors) < len(rows):
             ragged.select_rows(torch.tensor(survivors, device=device))
         rows = [rows[i] for i in survivors]
-        if ragged.holes() > (ragged_cache.REPACK_FRACTION if repack_fraction is None else repack_fraction):
+        if ragged.holes() > repack_fraction:
             ragged.repack()
         t0 = clock(device)
         for j, (row, acc, m, row_hidden) in enumerate(feedback):
