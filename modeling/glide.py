@@ -146,6 +146,34 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         """``hidden_states`` kwargs for a training batch: the target's cache seen through the block-wise mask."""
         return self.context_from_features(self.features_from_target(target_outputs), input_ids)
 
+    def drafted_positions(self, input_ids: torch.LongTensor, context: dict) -> torch.Tensor:
+        """Bool (n,): the positions whose input is, at inference, GLIDE's own previous draft (all but the first of
+        each block of the block-wise mask; ``trainers/unrolled.py``)."""
+        from hf_specdec.trainers.unrolled import drafted_positions
+
+        return drafted_positions(input_ids.shape[1], self.config.block_size, input_ids.device)
+
+    def unrolled_inputs(self, input_ids: torch.LongTensor, fed_ids: torch.LongTensor, context: dict) -> dict:
+        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids`` (``trainers/unrolled.py``): one
+        pass over ``[input_ids ; fed_ids]`` (both at positions 0..n-1). The self-attention mask lets a fed-back token
+        see the data tokens before its round (at inference the drafter's own cache holds the verified tokens there)
+        and the fed-back tokens of its round (``trainers/masks.dual_block_mask``, the same pattern); both halves see
+        the target's cache through the block-wise mask. The fed-back half is the last n outputs."""
+        from hf_specdec.trainers.masks import dual_block_mask
+
+        b, n = input_ids.shape
+        positions = torch.arange(n, device=input_ids.device)
+        kwargs = dict(context)
+        cross = kwargs.get("cross_attention_mask")
+        if cross is not None:
+            kwargs["cross_attention_mask"] = torch.cat([cross, cross], dim=-2)
+        return {
+            **kwargs,
+            "input_ids": torch.cat([input_ids, fed_ids], dim=1),
+            "position_ids": torch.cat([positions, positions])[None].expand(b, 2 * n),
+            "self_attention_mask": dual_block_mask(n, self.config.block_size, device=input_ids.device),
+        }
+
     # ---------------------------------------------------------------- forward
     def _target_kv(self, target_cache, layer: int):
         if target_cache is None or not self.config.cross_attention:
@@ -164,12 +192,16 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         past_key_values: Cache | None = None,
         target_past_key_values=None,
         cross_attention_mask: torch.Tensor | None = None,
+        self_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final-normed draft hidden states (B, n, d_D). ``cross_attention_mask``: bool (n, t) or (B, 1, n, t),
         True = may attend; default: a query at position p sees target positions k < p (at inference the target
-        cache ends before the first draft position, so all of it is visible to the drafted positions)."""
+        cache ends before the first draft position, so all of it is visible to the drafted positions).
+        ``self_attention_mask``: bool (n, n), True = may attend, instead of the causal mask (training with fed-back
+        inputs, ``unrolled_inputs``)."""
         target = self._require_target()
         b, n = input_ids.shape
+        self_mask = None if self_attention_mask is None else self_attention_mask.reshape(1, 1, n, -1)
         if position_ids is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(b, n)
@@ -189,7 +221,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
                     )
             elif mask is not None and mask.dim() == 2:
                 mask = mask[None, None]
-            h = layer(h, cos_sin, past_key_values, kv, mask)
+            h = layer(h, cos_sin, past_key_values, kv, mask, self_mask)
         return self.norm(h)
 
     def forward(
@@ -200,6 +232,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         use_cache: bool | None = None,
         target_past_key_values=None,
         cross_attention_mask: torch.Tensor | None = None,
+        self_attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
         draft_vocab_logits: bool = False,
@@ -219,6 +252,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
             past_key_values if use_cache is not False else None,
             target_past_key_values,
             cross_attention_mask,
+            self_attention_mask,
         )
         if return_hidden_states:  # the training pass (through forward, so that a DDP wrapper syncs gradients)
             return hidden

@@ -29,7 +29,11 @@ class GlideSelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos_sin, cache: Cache | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos_sin, cache: Cache | None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``mask``: an explicit bool mask (True = may attend) over the keys, for the training pass with fed-back
+        inputs (``trainers/unrolled.py``); None: causal after the cache."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -39,7 +43,9 @@ class GlideSelfAttention(nn.Module):
         if cache is not None:
             past = cache.get_seq_length(self.layer_idx)
             k, v = cache.update(k, v, self.layer_idx)
-        if n == 1:
+        if mask is not None:
+            causal = False
+        elif n == 1:
             mask, causal = None, False
         elif past == 0:
             mask, causal = None, True
@@ -107,8 +113,8 @@ class GlideDecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, h, cos_sin, cache, target_kv, cross_mask) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos_sin, cache)
+    def forward(self, h, cos_sin, cache, target_kv, cross_mask, self_mask=None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos_sin, cache, self_mask)
         if target_kv is not None and hasattr(self, "cross_attn"):
             h = h + self.cross_attn(self.cross_layernorm(h), cos_sin, *target_kv, cross_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
