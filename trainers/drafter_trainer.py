@@ -15,7 +15,8 @@ A drafter used with this trainer provides:
   the target's outputs (caches, hidden states, training masks);
 - ``hidden_states(input_ids, **context) -> (B, T, D)``, ``draft_logits(hidden) -> (..., V_draft)``,
   ``to_draft_ids(token_ids)`` and ``draft_vocab_ids`` (None for the full vocabulary);
-- optionally ``round_length() -> int``: draft positions per drafting round in validation (see below).
+- optionally ``round_length() -> int``: draft positions per drafting round in validation (see below);
+- for ``ttt_steps`` > 1 (train as you draft): ``drafted_positions`` and ``unrolled_inputs`` (``trainers/unrolled.py``).
 
 Evaluation reports ``eval_loss`` (draft cross entropy), ``eval_kl`` and ``eval_top1_match``: how often the
 drafter's argmax equals the target's argmax on the validation tokens, the greedy acceptance rate alpha the
@@ -47,8 +48,7 @@ IGNORE_INDEX = -100
 
 class DrafterTrainer(Trainer):
     """``loss``: ``"ce"`` (cross entropy on the data's tokens, plus ``kl_weight`` x KL) or ``"kl"`` (KL(P_t || P_d)
-    alone, edd-pct.txt eq. 4; ``trainers/losses.py``). ``ttt_steps`` > 1: train as you draft, the unrolled loss of
-    ``trainers/unrolled.py`` (steps weighted ``ttt_decay ** k``, normalised); 1 = teacher forcing, today's loss."""
+    alone, edd-pct.txt eq. 4; ``trainers/losses.py``); ``ttt_steps`` / ``ttt_decay``: ``trainers/unrolled.py``."""
 
     def __init__(
         self,

@@ -18,7 +18,10 @@ block length, same teacher):
 - step ``k > 1`` feeds back step ``k - 1``'s greedy predictions: the input at each drafted position ``i`` becomes
   the argmax step ``k - 1`` predicted at ``i - 1`` (:func:`feed_back`; round starts keep the committed token).
   The loss is the same per-position loss as step 1 (KL to the target, or CE), against the same targets: the
-  target's distribution at each position of the data.
+  target's distribution at each position of the data. Where a draft differs from the data, the teacher is still
+  the target's distribution after the data (as in EAGLE-3, whose targets stay the data's): the drafter learns to
+  continue the text from its own drafts; where its drafts equal the data, the teacher is exactly the target's
+  distribution after them.
 
 This is a Jacobi iteration of the rounds: after ``k`` steps the first ``k`` inputs of every round are exactly the
 tokens the drafter drafts at inference (greedy), so the step-``k`` loss at a round's ``k``-th draft is the loss
@@ -30,11 +33,14 @@ token): the gradient of step ``k`` reaches the drafter's weights through the ste
 The total is ``sum_k w_k L_k / sum_k w_k`` with ``w_k = decay ** (k - 1)`` (:func:`step_weights`; EAGLE-3 weighs
 its steps by ``0.8 ** k``). ``K = 1`` is today's loss exactly: the trainer then returns step 1's loss untouched.
 
-Each drafter says how it is run with fed-back inputs (``drafter.unrolled_inputs``): EDD's tokens see only their own
-block's tokens, so it reruns the pass on the fed-back ids; GLIDE's self-attention sees every earlier token, which at
-inference are the *verified* ones, so it runs over ``[data ; fed-back]`` with the mask of
-``trainers/masks.dual_block_mask`` (a fed-back query sees the data tokens before its round and the fed-back
-tokens of its round), at about twice the cost of a plain pass.
+Each drafter says which inputs are drafted (``drafter.drafted_positions``) and how it is run with fed-back inputs
+(``drafter.unrolled_inputs``): EDD's tokens see only their own block's tokens, so it reruns the pass on the fed-back
+ids; GLIDE's self-attention sees every earlier token, which at inference are the *verified* ones, so it runs over
+``[data ; fed-back]`` with the mask of ``trainers/masks.dual_block_mask`` (a fed-back query sees the data tokens
+before its round and the fed-back tokens of its round), at about twice the cost of a plain pass.
+
+Measured (docs/edd-pct.md, "Train as you draft: equal compute"): continuing the shipped EDD drafter, 3 steps did worse
+than teacher forcing at equal compute on every validation and replay figure; the default stays 1.
 """
 
 from __future__ import annotations
