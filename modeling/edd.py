@@ -258,6 +258,25 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
     def target_context(self, target_outputs, input_ids: torch.LongTensor) -> dict:
         return self.context_from_features(self.features_from_target(target_outputs), input_ids)
 
+    def drafted_positions(self, input_ids: torch.LongTensor, context: dict) -> torch.Tensor:
+        """Bool (n,): the positions whose input is, at inference, EDD's own previous draft: all but the first token of
+        each block of this step's dual-block mask (``trainers/unrolled.py``). The ablation without soft prompt trains
+        a causal pass with no rounds: an error."""
+        from hf_specdec.trainers.unrolled import drafted_positions
+
+        if "block_length" not in context:
+            raise SpecDecError(
+                "train as you draft (ttt_steps > 1) needs EDD's drafting rounds, the blocks of the dual-block mask; "
+                "the --no-soft-prompt ablation trains a plain causal pass without them"
+            )
+        return drafted_positions(input_ids.shape[1], context["block_length"], input_ids.device)
+
+    def unrolled_inputs(self, input_ids: torch.LongTensor, fed_ids: torch.LongTensor, context: dict) -> dict:
+        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids`` (``trainers/unrolled.py``): the
+        same pass over them, with the same soft prompt and block length. Under the dual-block mask a token sees only
+        its own block's tokens (earlier blocks reach it as soft prompt), exactly as a drafting round at inference."""
+        return {**context, "input_ids": fed_ids}
+
     def hidden_states(
         self,
         input_ids: torch.LongTensor,

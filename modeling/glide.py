@@ -29,111 +29,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
-from hf_specdec.hf_compat import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+from hf_specdec.hf_compat import LlamaRMSNorm
 
 from .attached import TargetAttachedMixin
 from .glide_config import GlideConfig
-
-
-class GlideSelfAttention(nn.Module):
-    """Causal self-attention over the draft's own tokens (RoPE, GQA, the drafter's own KV cache)."""
-
-    def __init__(self, config: GlideConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.heads, self.kv_heads, self.head_dim = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor, cos_sin, cache: Cache | None) -> torch.Tensor:
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
-        past = 0
-        if cache is not None:
-            past = cache.get_seq_length(self.layer_idx)
-            k, v = cache.update(k, v, self.layer_idx)
-        if n == 1:
-            mask, causal = None, False
-        elif past == 0:
-            mask, causal = None, True
-        else:  # new queries after a cached prefix: query i sees keys <= past + i
-            mask = (
-                torch.arange(past + n, device=x.device)[None, :]
-                <= (past + torch.arange(n, device=x.device))[:, None]
-            )
-            causal = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-
-
-class GlideCrossAttention(nn.Module):
-    """Cross-attention from draft queries into the target's cached keys/values (§4.1, ``MultiHead(Q^m, K^l, V^l)``).
-
-    ``q_proj`` is the h projections ``W_j`` (d_D -> d_k each, one per target query head); queries are grouped over
-    the target's KV heads (GQA) and rotated with the RoPE of their own positions. ``o_proj`` is ``W^O``.
-    """
-
-    def __init__(self, config: GlideConfig):
-        super().__init__()
-        self.heads, self.head_dim = config.target_num_attention_heads, config.target_head_dim
-        self.kv_heads = config.target_num_key_value_heads
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
-
-    def forward(
-        self, x: torch.Tensor, cos_sin, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """``keys``/``values``: (B, target KV heads, t, d_k); ``mask``: bool (B or 1, 1, n, t), True = may attend."""
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos_sin
-        q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)
-        visible = None
-        if mask is not None:
-            # A query with no visible target key gets no cross-attention signal. It attends to key 0 inside the
-            # kernel so that its softmax stays finite (a fully masked row is NaN in some SDPA kernels, and NaN
-            # would reach every gradient in the backward pass), and its output is zeroed below.
-            visible = mask.any(-1, keepdim=True)
-            first = torch.arange(mask.shape[-1], device=mask.device) == 0
-            mask = mask | (~visible & first)
-        out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
-        )
-        if visible is not None:
-            out = torch.where(visible, out, out.new_zeros(()))
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class GlideDecoderLayer(nn.Module):
-    def __init__(self, config: GlideConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = GlideSelfAttention(config, layer_idx)
-        if config.cross_attention:
-            self.cross_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-            self.cross_attn = GlideCrossAttention(config)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
-
-    def forward(self, h, cos_sin, cache, target_kv, cross_mask) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos_sin, cache)
-        if target_kv is not None and hasattr(self, "cross_attn"):
-            h = h + self.cross_attn(self.cross_layernorm(h), cos_sin, *target_kv, cross_mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+from .glide_layers import GlideDecoderLayer
 
 
 class GlidePreTrainedModel(PreTrainedModel):
@@ -246,6 +146,34 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         """``hidden_states`` kwargs for a training batch: the target's cache seen through the block-wise mask."""
         return self.context_from_features(self.features_from_target(target_outputs), input_ids)
 
+    def drafted_positions(self, input_ids: torch.LongTensor, context: dict) -> torch.Tensor:
+        """Bool (n,): the positions whose input is, at inference, GLIDE's own previous draft (all but the first of
+        each block of the block-wise mask; ``trainers/unrolled.py``)."""
+        from hf_specdec.trainers.unrolled import drafted_positions
+
+        return drafted_positions(input_ids.shape[1], self.config.block_size, input_ids.device)
+
+    def unrolled_inputs(self, input_ids: torch.LongTensor, fed_ids: torch.LongTensor, context: dict) -> dict:
+        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids`` (``trainers/unrolled.py``): one
+        pass over ``[input_ids ; fed_ids]`` (both at positions 0..n-1). The self-attention mask lets a fed-back token
+        see the data tokens before its round (at inference the drafter's own cache holds the verified tokens there)
+        and the fed-back tokens of its round (``trainers/masks.dual_block_mask``, the same pattern); both halves see
+        the target's cache through the block-wise mask. The fed-back half is the last n outputs."""
+        from hf_specdec.trainers.masks import dual_block_mask
+
+        b, n = input_ids.shape
+        positions = torch.arange(n, device=input_ids.device)
+        kwargs = dict(context)
+        cross = kwargs.get("cross_attention_mask")
+        if cross is not None:
+            kwargs["cross_attention_mask"] = torch.cat([cross, cross], dim=-2)
+        return {
+            **kwargs,
+            "input_ids": torch.cat([input_ids, fed_ids], dim=1),
+            "position_ids": torch.cat([positions, positions])[None].expand(b, 2 * n),
+            "self_attention_mask": dual_block_mask(n, self.config.block_size, device=input_ids.device),
+        }
+
     # ---------------------------------------------------------------- forward
     def _target_kv(self, target_cache, layer: int):
         if target_cache is None or not self.config.cross_attention:
@@ -264,12 +192,16 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         past_key_values: Cache | None = None,
         target_past_key_values=None,
         cross_attention_mask: torch.Tensor | None = None,
+        self_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final-normed draft hidden states (B, n, d_D). ``cross_attention_mask``: bool (n, t) or (B, 1, n, t),
         True = may attend; default: a query at position p sees target positions k < p (at inference the target
-        cache ends before the first draft position, so all of it is visible to the drafted positions)."""
+        cache ends before the first draft position, so all of it is visible to the drafted positions).
+        ``self_attention_mask``: bool (n, n), True = may attend, instead of the causal mask (training with fed-back
+        inputs, ``unrolled_inputs``)."""
         target = self._require_target()
         b, n = input_ids.shape
+        self_mask = None if self_attention_mask is None else self_attention_mask.reshape(1, 1, n, -1)
         if position_ids is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(b, n)
@@ -289,7 +221,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
                     )
             elif mask is not None and mask.dim() == 2:
                 mask = mask[None, None]
-            h = layer(h, cos_sin, past_key_values, kv, mask)
+            h = layer(h, cos_sin, past_key_values, kv, mask, self_mask)
         return self.norm(h)
 
     def forward(
@@ -300,6 +232,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         use_cache: bool | None = None,
         target_past_key_values=None,
         cross_attention_mask: torch.Tensor | None = None,
+        self_attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
         draft_vocab_logits: bool = False,
@@ -319,6 +252,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
             past_key_values if use_cache is not False else None,
             target_past_key_values,
             cross_attention_mask,
+            self_attention_mask,
         )
         if return_hidden_states:  # the training pass (through forward, so that a DDP wrapper syncs gradients)
             return hidden

@@ -120,10 +120,12 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
 
     from .data import install_draft_vocab
     from .drafter_trainer import DrafterTrainer, write_training_curve
+    from .run_options import unrolled_options
     from .run_support import TimeLimitCallback
 
     if args.max_steps < 1:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
+    unrolled = unrolled_options(args)  # checked before the target loads
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
@@ -140,6 +142,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     train, valid = training_blocks(args, tokenizer, targs.world_size, with_train=store is None)
     target.to(targs.device)  # the Trainer places the drafter; the frozen target is ours to place
     drafter = recipe.build(args, target)
+    if getattr(args, "init_from", None):
+        warm_start(drafter, args.init_from, target)
     if store is not None:
         store.check(drafter, target)
         train = store
@@ -155,6 +159,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         kl_weight=kl_weight,
         teacher_top_k=args.teacher_top_k or (store.meta["top_k"] if store is not None else None),
         callbacks=[TimeLimitCallback.from_args(args)],
+        **unrolled,
     )
     resume = resume_checkpoint(args)
     t_train = time.perf_counter()
@@ -188,7 +193,13 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         f"batch {args.batch_size}x{args.grad_accum}"
         + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")
         + f", lr {args.lr}, loss {kind}"
-        + (f" + {kl_weight} x kl" if kind == "ce" and kl_weight else ""),
+        + (f" + {kl_weight} x kl" if kind == "ce" and kl_weight else "")
+        + (
+            f", train as you draft {unrolled['ttt_steps']} steps (weights {unrolled['ttt_decay']:g}^k)"
+            if unrolled["ttt_steps"] > 1
+            else ""
+        )
+        + (f", warm start {args.init_from}" if getattr(args, "init_from", None) else ""),
         "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
         **extra,
         "command": "hf-specdec " + shlex.join(sys.argv[1:])
@@ -204,6 +215,22 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         f"saved {recipe.name} to {args.output_dir} ({steps} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
     )
     return 0
+
+
+def warm_start(drafter, path: str, target) -> None:
+    """Load a saved drafter's weights (and its reduced draft vocabulary, if any) into ``drafter`` (``--init-from``):
+    continued training under this run's recipe. Its own config must have the same shapes."""
+    saved = type(drafter).from_pretrained(path, target=target)
+    if saved.draft_vocab_ids is not None:
+        drafter.set_draft_vocab(saved.draft_vocab_ids)
+    state = saved.state_dict()
+    mine = drafter.state_dict()
+    if set(state) != set(mine) or any(state[k].shape != mine[k].shape for k in mine):
+        raise SpecDecError(
+            f"--init-from {path}: its weights do not fit this run's {type(drafter).__name__} (other layers or sizes)"
+        )
+    drafter.load_state_dict(state)
+    print(f"warm start from {path}")
 
 
 def drafter_card_rows(info: dict, fields: list[tuple[str, str]]) -> list[tuple[str, object]]:

@@ -15,7 +15,8 @@ A drafter used with this trainer provides:
   the target's outputs (caches, hidden states, training masks);
 - ``hidden_states(input_ids, **context) -> (B, T, D)``, ``draft_logits(hidden) -> (..., V_draft)``,
   ``to_draft_ids(token_ids)`` and ``draft_vocab_ids`` (None for the full vocabulary);
-- optionally ``round_length() -> int``: draft positions per drafting round in validation (see below).
+- optionally ``round_length() -> int``: draft positions per drafting round in validation (see below);
+- for ``ttt_steps`` > 1 (train as you draft): ``drafted_positions`` and ``unrolled_inputs`` (``trainers/unrolled.py``).
 
 Evaluation reports ``eval_loss`` (draft cross entropy), ``eval_kl`` and ``eval_top1_match``: how often the
 drafter's argmax equals the target's argmax on the validation tokens, the greedy acceptance rate alpha the
@@ -40,13 +41,14 @@ from transformers import Trainer
 from hf_specdec.errors import SpecDecError
 
 from .losses import expected_acceptance, kl_loss, teacher_top_k, top_k_kl_loss
+from .unrolled import DEFAULT_DECAY, step_weights, unrolled_loss, unrolled_steps
 
 IGNORE_INDEX = -100
 
 
 class DrafterTrainer(Trainer):
     """``loss``: ``"ce"`` (cross entropy on the data's tokens, plus ``kl_weight`` x KL) or ``"kl"`` (KL(P_t || P_d)
-    alone, edd-pct.txt eq. 4; ``trainers/losses.py``)."""
+    alone, edd-pct.txt eq. 4; ``trainers/losses.py``); ``ttt_steps`` / ``ttt_decay``: ``trainers/unrolled.py``."""
 
     def __init__(
         self,
@@ -55,10 +57,13 @@ class DrafterTrainer(Trainer):
         loss: str = "ce",
         kl_weight: float = 0.0,
         teacher_top_k: int | None = None,
+        ttt_steps: int = 1,
+        ttt_decay: float = DEFAULT_DECAY,
         **kwargs,
     ):
         if loss not in ("ce", "kl"):
             raise SpecDecError(f"DrafterTrainer loss must be 'ce' or 'kl', got {loss!r}")
+        self.ttt_weights = step_weights(ttt_steps, ttt_decay)  # checks both
         kwargs.setdefault("data_collator", _stack_collator)
         super().__init__(*args, **kwargs)
         self.target = target.eval().requires_grad_(False)
@@ -101,7 +106,8 @@ class DrafterTrainer(Trainer):
         select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
         gold = drafter.to_draft_ids(labels[:, 1:][select])
-        result = {"logits": logits, "gold": gold, "n": int(select.sum())}
+        result = {"logits": logits, "gold": gold, "n": int(select.sum()), "select": select}
+        result.update(context=context, hidden=hidden)  # what an unrolled step reuses (trainers/unrolled.py)
         if stored is not None and "teacher" in stored:
             ids, logp = (t[:, : select.shape[1]][select] for t in stored["teacher"])
             result["teacher"] = (drafter.to_draft_ids(ids.long()), logp.float())
@@ -135,21 +141,9 @@ class DrafterTrainer(Trainer):
             return kl_loss(r["logits"], r["target_logits"])
         return None
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The batch's mean loss per supervised position; inside ``Trainer.train``, where ``num_items_in_batch`` is the
-        count of supervised positions over all accumulation steps and processes, the batch's summed loss over that
-        count, times the process count (DDP averages gradients): the same gradient for any split of a global batch
-        over accumulation steps and processes."""
+    def _step_loss(self, r: dict, num_items_in_batch) -> torch.Tensor:
+        """The loss of one pass's result ``r`` (see ``compute_loss``)."""
         kl_only = self.loss == "kl"
-        stored = stored_batch(inputs)
-        r = self._forward(
-            model,
-            inputs["input_ids"],
-            inputs["labels"],
-            need_target_logits=stored is None and (kl_only or self.kl_weight > 0),
-            stored=stored,
-            top_k_teacher=True,
-        )
         if kl_only:
             ce, kl = None, self._kl(r)
             if kl is None:
@@ -165,6 +159,29 @@ class DrafterTrainer(Trainer):
             loss = total / num_items_in_batch
             if self.args.average_tokens_across_devices:
                 loss = loss * self.accelerator.num_processes
+        return loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The batch's mean loss per supervised position; inside ``Trainer.train``, where ``num_items_in_batch`` is the
+        count of supervised positions over all accumulation steps and processes, the batch's summed loss over that
+        count, times the process count (DDP averages gradients): the same gradient for any split of a global batch
+        over accumulation steps and processes. With ``ttt_steps`` > 1, the weighted sum of that loss over the unrolled
+        steps (``trainers/unrolled.py``); with 1, the teacher-forced loss itself."""
+        stored = stored_batch(inputs)
+        input_ids = inputs["input_ids"]
+        r = self._forward(
+            model,
+            input_ids,
+            inputs["labels"],
+            need_target_logits=stored is None and (self.loss == "kl" or self.kl_weight > 0),
+            stored=stored,
+            top_k_teacher=True,
+        )
+        losses = [self._step_loss(r, num_items_in_batch)]
+        drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
+        for step in unrolled_steps(model, drafter, input_ids, r, len(self.ttt_weights) - 1):
+            losses.append(self._step_loss(step, num_items_in_batch))
+        loss = unrolled_loss(losses, self.ttt_weights)
         return (loss, {"logits": r["logits"]}) if return_outputs else loss
 
     # ------------------------------------------------------------------ validation

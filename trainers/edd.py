@@ -19,7 +19,11 @@ from pathlib import Path
 
 import torch
 from hf_specdec.trainers.drafter_card import drafter_card_data, usage_snippet
-from hf_specdec.trainers.run_options import add_job_arguments, add_run_arguments
+from hf_specdec.trainers.run_options import (
+    add_job_arguments,
+    add_run_arguments,
+    add_unrolled_arguments,
+)
 
 from hf_specdec.errors import SpecDecError
 
@@ -40,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-soft-prompt", action="store_true", help="ablation: w/o encoding result")
     p.add_argument("--loss", choices=["kl", "ce"], default="kl", help="kl = eq. 4 (paper); ce = ablation")
+    add_unrolled_arguments(p)
     p.add_argument("--block-min", type=int, default=5, help="shortest block length L of the dual-block mask")
     p.add_argument("--block-max", type=int, default=10, help="longest block length L (equal to min: fixed L)")
     p.add_argument(

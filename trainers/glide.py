@@ -13,7 +13,11 @@ from pathlib import Path
 
 import torch
 from hf_specdec.trainers.drafter_card import drafter_card_data, usage_snippet
-from hf_specdec.trainers.run_options import add_job_arguments, add_run_arguments
+from hf_specdec.trainers.run_options import (
+    add_job_arguments,
+    add_run_arguments,
+    add_unrolled_arguments,
+)
 
 DEFAULT_GLIDE_DIR = "runs/glide-smollm2"
 DEFAULT_VANILLA_DIR = "runs/vanilla-smollm2"
@@ -44,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kl-weight", type=float, default=0.0, help="with --loss ce: weight of KL(target || drafter)"
     )
+    add_unrolled_arguments(p)
     p.add_argument(
         "--init", choices=["target", "random"], default="target", help="warm start from target layers"
     )

@@ -29,6 +29,10 @@ def dual_block_mask(length: int, block_length: int, device: torch.device | str |
     0..j-1, what the target has verified when that drafting round starts; ``x_{jL}`` is the round's last committed
     token) and the tokens of its own block up to itself. Soft-prompt rows are causal among themselves, as the
     soft-prompt part of EDD's KV cache is built at inference. Block 0's tokens see no soft prompt.
+
+    The same pattern is GLIDE's self-attention mask over ``[data tokens ; fed-back tokens]`` in an unrolled training
+    step (``trainers/unrolled.py``): a fed-back token of block j sees the data (verified) tokens before its round and
+    the fed-back tokens of its round up to itself; the data rows are the ordinary causal pass.
     """
     if block_length < 1:
         raise ValueError(f"block_length must be >= 1, got {block_length}")

@@ -39,6 +39,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bf16", action="store_true", help="bf16 mixed precision (a GPU, or a CPU with native bf16)"
     )
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="DIR",
+        help="start from a saved drafter's weights (and draft vocabulary) instead of --init: continued training",
+    )
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,3 +67,35 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     p.add_argument("--seed", type=int, default=0)
+
+
+def add_unrolled_arguments(p: argparse.ArgumentParser) -> None:
+    """Train as you draft (``trainers/unrolled.py``), GLIDE and EDD alike."""
+    from .unrolled import DEFAULT_DECAY
+
+    p.add_argument(
+        "--ttt-steps",
+        type=int,
+        default=1,
+        help="train as you draft: unroll K steps, each feeding the drafter its own greedy drafts of the step before "
+        "inside every drafting round (EAGLE-3's training-time test); 1 = teacher forcing (default)",
+    )
+    p.add_argument(
+        "--ttt-decay",
+        type=float,
+        default=DEFAULT_DECAY,
+        help=f"weight of unrolled step k is decay**(k-1), normalised to sum 1 (default {DEFAULT_DECAY})",
+    )
+
+
+def unrolled_options(args) -> dict:
+    """``DrafterTrainer``'s ``ttt_steps`` / ``ttt_decay`` from ``--ttt-steps`` / ``--ttt-decay``, checked (a
+    ``SpecDecError`` naming the option for 0, a negative or a non-finite value)."""
+    from .unrolled import DEFAULT_DECAY, step_weights
+
+    options = {
+        "ttt_steps": getattr(args, "ttt_steps", 1),
+        "ttt_decay": getattr(args, "ttt_decay", DEFAULT_DECAY),
+    }
+    step_weights(options["ttt_steps"], options["ttt_decay"])
+    return options
