@@ -130,3 +130,46 @@ def assert_pairs_follow_target(counts: torch.Tensor, prompt: torch.Tensor, p) ->
     assert counts.flatten()[~keep].sum() == 0
     obs, exp = counts.flatten()[keep].double(), expected.flatten()[keep].double()
     assert stats.chisquare(obs.numpy(), (exp * n / exp.sum()).numpy()).pvalue > 1e-3
+
+
+def warped_next_token(model, temperature: float, top_k: int):
+    """``p(ids)``: ``model``'s next-token distribution after ``ids`` at ``temperature`` and ``top_k`` (the target
+    distribution the sampling tests compare against)."""
+
+    @torch.no_grad()
+    def p(ids):
+        logits = model(ids).logits[0, -1] / temperature
+        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
+        return torch.softmax(logits, -1)
+
+    return p
+
+
+def left_pad(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch of 1-D prompts and its attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
+    return ids, mask
+
+
+def batch_pair_counts(model, prompts: list[torch.Tensor], runs: int, vocab: int, **generate_kwargs) -> list:
+    """Sample 3 new tokens for a left-padded batch of ``prompts`` ``runs`` times (``do_sample=True`` and
+    ``generate_kwargs``); per row, ``counts[x2, x3]`` of its last two tokens (for :func:`assert_pairs_follow_target`)."""
+    ids, mask = left_pad(prompts)
+    counts = [torch.zeros(vocab, vocab) for _ in prompts]
+    for _ in range(runs):
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=3,
+            do_sample=True,
+            top_p=1.0,
+            pad_token_id=0,
+            **generate_kwargs,
+        )
+        for i in range(len(prompts)):
+            counts[i][out[i, -2], out[i, -1]] += 1
+    return counts

@@ -18,8 +18,8 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
 from hf_specdec.glide.cape import CHAIN, CapeProposer
 
-from .conftest import assert_pairs_follow_target, tiny_llama
-from .test_batching import left_pad, prompts_of
+from .conftest import assert_pairs_follow_target, batch_pair_counts, left_pad, tiny_llama, warped_next_token
+from .test_batching import prompts_of
 from .test_glide_model import _drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -192,30 +192,13 @@ def test_sampling_follows_the_target_per_row():
     prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 5, 0, 2, 1])]
     temp, top_k = 0.8, 4
 
-    @torch.no_grad()
-    def p(ids):
-        logits = target(ids).logits[0, -1] / temp
-        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
-        return torch.softmax(logits, -1)
+    p = warped_next_token(target, temp, top_k)
 
     torch.manual_seed(0)
-    ids, mask = left_pad(prompts)
-    counts = [torch.zeros(vocab, vocab) for _ in prompts]
     with batch_stats() as stats:
-        for _ in range(400):
-            out = target.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=3,
-                do_sample=True,
-                temperature=temp,
-                top_k=top_k,
-                top_p=1.0,
-                pad_token_id=0,
-                assistant_model=drafter,
-            )
-            for i in range(len(prompts)):
-                counts[i][out[i, -2], out[i, -1]] += 1
+        counts = batch_pair_counts(
+            target, prompts, 400, vocab, temperature=temp, top_k=top_k, assistant_model=drafter
+        )
     assert stats.accepted > 0  # drafts were accepted (the check is not plain sampling)
     for i, prompt in enumerate(prompts):
         assert_pairs_follow_target(counts[i], prompt[None], p)

@@ -20,18 +20,17 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
 from hf_specdec.pld_plus.proposer import PLDPlusProposer
 
-from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_gpt2, tiny_llama
+from .conftest import (
+    CollectStreamer,
+    assert_pairs_follow_target,
+    batch_pair_counts,
+    left_pad,
+    tiny_gpt2,
+    tiny_llama,
+    warped_next_token,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def left_pad(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
-    return ids, mask
 
 
 def prompts_of(lengths, seed: int = 0, vocab: int = 97) -> list[torch.Tensor]:
@@ -317,12 +316,7 @@ def test_sampling_follows_the_target_per_row():
         model.lm_head.weight.mul_(8.0)
     prompts = [torch.tensor([1, 4, 2]), torch.tensor([3, 5, 0, 2, 1])]
     temp, top_k = 0.8, 4
-
-    @torch.no_grad()
-    def target(ids):
-        logits = model(ids).logits[0, -1] / temp
-        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
-        return torch.softmax(logits, -1)
+    target = warped_next_token(model, temp, top_k)
 
     class Sampler(TreeProposer):
         def propose(self, input_ids, max_depth):
@@ -337,23 +331,16 @@ def test_sampling_follows_the_target_per_row():
             )
 
     torch.manual_seed(0)
-    ids, mask = left_pad(prompts)
-    counts = [torch.zeros(vocab, vocab) for _ in prompts]
-    for _ in range(500):
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=3,
-            do_sample=True,
-            temperature=temp,
-            top_k=top_k,
-            top_p=1.0,
-            pad_token_id=0,
-            custom_generate=tree_generate,
-            proposer=Sampler(),
-        )
-        for i in range(len(prompts)):
-            counts[i][out[i, -2], out[i, -1]] += 1
+    counts = batch_pair_counts(
+        model,
+        prompts,
+        500,
+        vocab,
+        temperature=temp,
+        top_k=top_k,
+        custom_generate=tree_generate,
+        proposer=Sampler(),
+    )
     for i, p in enumerate(prompts):
         assert_pairs_follow_target(counts[i], p[None], target)
 
