@@ -338,10 +338,9 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         return EddCandidateGenerator(self, target, generation_config, logits_processor)
 
     def make_tree_proposer(self, target, generation_config=None, logits_processor=None, **_):
-        """Called by ``hf_specdec.core.assisted`` when this model is the ``assistant_model`` of a batch (more than
-        one row): the chain of gamma (``generation_config.num_assistant_tokens``) top-1 drafts as a tree proposer
-        for the batched tree loop (``EddTreeProposer`` with builder ``"chain"``). The drafts are deterministic, so
-        the tree core verifies them losslessly greedily and with sampling (one-hot q)."""
+        """``hf_specdec.core.assisted`` calls it when this model is the ``assistant_model`` of a batch: the chain of
+        gamma top-1 drafts (``EddTreeProposer`` builder ``"chain"``) for the batched tree loop; deterministic drafts,
+        which the tree core verifies losslessly greedily and with sampling (one-hot q)."""
         from hf_specdec.core.chain_drafting import chain_length
         from hf_specdec.edd.tree_proposer import EddTreeProposer
 
