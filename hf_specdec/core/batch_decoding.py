@@ -29,7 +29,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from ..errors import SpecDecError
 from .acceptance import accept_tree
-from .generate_io import NO_MAX_LENGTH, eos_token_ids, logits_to_keep
+from .generate_io import NO_MAX_LENGTH, append_tokens, eos_token_ids, logits_to_keep
 from .proposer import StepFeedback, TreeProposer
 from .ragged_cache import REPACK_FRACTION, RaggedCache
 from .stats import DecodeStats
@@ -159,26 +159,13 @@ def batched_tree_generate(
             tree = row.tree if row.tree is not None else TokenTree.empty(device)
             n, r = len(tree), roots_at[i]
             row_logits = logits[i, r - first_row : r - first_row + 1 + n]
-            if n and int(tree.tokens.max()) >= row_logits.shape[-1]:
-                raise SpecDecError(
-                    f"the proposer drafted a token id >= the target's vocabulary ({row_logits.shape[-1]})"
-                )
+            tree.check_vocab(row_logits.shape[-1])
             acc = accept_tree(tree, row_logits, row.ids, logits_processor, do_sample)
-            m, done = 0, False
-            for token in acc.tokens:
-                row.ids = torch.cat([row.ids, row.ids.new_tensor([[token]])], dim=-1)
-                m += 1
-                if bool(stopping_criteria(row.ids, None).any()):
-                    done = True
-                    break
-            kept = (
-                [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
-                if is_prefill
-                else [
-                    0,
-                    *(1 + c for c in acc.nodes[: m - 1]),
-                ]
-            )
+            before = row.ids.shape[1]
+            row.ids, done = append_tokens(row.ids, acc.tokens, stopping_criteria)
+            m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
+            # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
+            kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
             offsets.append(kept)
             emitted += m
             results.append((acc, m, done, kept))

@@ -98,7 +98,7 @@ class RaggedCache:
         index += s
         for layer in self.cache.layers:
             keys, values = layer.keys, layer.values
-            idx = index.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            idx = _per_entry(index, keys)
             keys[:, :, s : s + width], values[:, :, s : s + width] = (
                 keys.gather(2, idx),
                 values.gather(2, idx),
@@ -127,7 +127,7 @@ class RaggedCache:
         index = order[:, s - width :]
         for layer in self.cache.layers:
             keys, values = layer.keys, layer.values
-            idx = index.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            idx = _per_entry(index, keys)
             set_layer_entries(layer, keys.gather(2, idx), values.gather(2, idx))
         self.valid = torch.arange(width, device=self.valid.device)[None] >= (width - lengths)[:, None]
 
@@ -135,6 +135,12 @@ class RaggedCache:
         """Row ``row``'s real entries as a per-layer ``(keys, values)`` sequence of batch 1 (what a drafter that
         reads the target's cache, GLIDE, takes in place of a ``Cache``)."""
         return RowKV(self, row)
+
+
+def _per_entry(index: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """A ``(B, n)`` index of cache positions per row, expanded to ``gather`` whole entries of ``keys``
+    ``(B, heads, S, head_dim)`` along the sequence."""
+    return index.to(keys.device)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
 
 
 class RowKV:

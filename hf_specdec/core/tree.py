@@ -109,6 +109,11 @@ class TokenTree:
                     "was actually sampled from"
                 )
 
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise unless every drafted token id is below ``vocab_size`` (the target's vocabulary)."""
+        if len(self) and int(self.tokens.max()) >= vocab_size:
+            raise SpecDecError(f"the proposer drafted a token id >= the target's vocabulary ({vocab_size})")
+
     def truncate_depth(self, max_depth: int) -> TokenTree:
         """Drop the nodes deeper than ``max_depth`` (their descendants go with them, order is kept)."""
         keep = [i for i, d in enumerate(self.depths) if d <= max_depth]

@@ -148,10 +148,7 @@ def tree_generate(
         )
         verify_s = clock(device) - t0
         logits = out.logits[0, -(1 + n) :].to(torch.float32)  # row 0: the root (the prompt's last token)
-        if n and int(tree.tokens.max()) >= logits.shape[-1]:
-            raise SpecDecError(
-                f"the proposer drafted a token id >= the target's vocabulary ({logits.shape[-1]})"
-            )
+        tree.check_vocab(logits.shape[-1])
         acc = accept_tree(tree, logits, input_ids, logits_processor, do_sample)
         before = input_ids.shape[1]
         input_ids, finished = append_tokens(input_ids, acc.tokens, stopping_criteria)
