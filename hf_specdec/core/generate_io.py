@@ -49,6 +49,13 @@ def check_prompt(input_ids: torch.Tensor, name: str, batch: bool = False) -> Non
         )
 
 
+def first_row(input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
+    """The first row of a (possibly left-padded) batch without its padding, 1-D: the context a method times its
+    verification cost curve on (``verify_cost.measured_cost``)."""
+    mask = model_kwargs.get("attention_mask")
+    return input_ids[0] if mask is None else input_ids[0][mask[0].bool()]
+
+
 def check_inputs(
     model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus: bool, name: str, batch: bool = False
 ) -> None:

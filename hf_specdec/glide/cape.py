@@ -51,8 +51,8 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from ..core.chain_drafting import DEFAULT_GAMMA, chain_length
-from ..core.generate_io import check_prompt, eos_token_ids
+from ..core.chain_drafting import chain_length
+from ..core.generate_io import check_prompt, eos_token_ids, first_row
 from ..core.stats import DecodeStats
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
@@ -144,8 +144,9 @@ class CapeProposer(TreeProposer):
     """GLIDE + CAPE as a :class:`~hf_specdec.core.tree_decoding.TreeProposer` (see the module docstring).
 
     ``gamma`` (default: the drafter's ``num_assistant_tokens``, else 5) drafter forwards per step build the chain
-    and every expansion set. ``expansion`` is the S(p) table. ``rows``: the batch's rows (``trim_by_cost``). ``logits_processor``: the processors of the
-    ``generate`` call (``glide_cape`` passes them), used to rank the draft tokens. After each ``propose``,
+    and every expansion set. ``expansion`` is the S(p) table. ``rows``: the batch's rows (``trim_by_cost``).
+    ``logits_processor``: the processors of the ``generate`` call (``glide_cape`` passes them), used to rank the draft
+    tokens. After each ``propose``,
     ``last_confidences`` / ``last_sizes`` hold p_i and |X_i| per position.
     """
 
@@ -163,7 +164,7 @@ class CapeProposer(TreeProposer):
                 f"CAPE needs a GLIDE drafter (hf_specdec.modeling.GlideForCausalLM), got {type(drafter).__name__}"
             )
         self.drafter = drafter
-        gamma = gamma or getattr(drafter.generation_config, "num_assistant_tokens", None) or DEFAULT_GAMMA
+        gamma = gamma or chain_length(drafter)
         if int(gamma) < 1:
             raise SpecDecError(f"CAPE gamma (proposal length) must be >= 1, got {gamma}")
         self.gamma = int(gamma)
@@ -260,8 +261,8 @@ def glide_cape(
     **model_kwargs,
 ):
     """``custom_generate`` for GLIDE + CAPE: ``target.generate(**inputs, custom_generate=hf_specdec.glide_cape,
-    drafter=glide)``. A left-padded batch (with ``attention_mask``) drafts and accepts per row (``tree_generate``); every
-    ``generate`` argument works as with ``tree_generate`` (pass a streamer as
+    drafter=glide)``. A left-padded batch (with ``attention_mask``) drafts and accepts per row (``tree_generate``);
+    every ``generate`` argument works as with ``tree_generate`` (pass a streamer as
     ``specdec_streamer=``: transformers 5.23 does not forward ``streamer=`` to a ``custom_generate`` callable;
     ``tree_streamer=`` is its deprecated name).
 
@@ -280,15 +281,17 @@ def glide_cape(
             "drafter=GlideForCausalLM.from_pretrained(path, target=target))"
         )
     check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
-    mask = model_kwargs.get("attention_mask")
-    first = input_ids[0] if mask is None else input_ids[0][mask[0].bool()]  # the cost curve's timing context
     rows = input_ids.shape[0]  # a batch's rows share each verification forward (trim_by_cost)
     proposer = CapeProposer(
         drafter,
         gamma=cape_gamma,
         expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
         logits_processor=logits_processor,
-        cost=(measured_cost(model, first, batch=rows) if cape_cost is True else (cape_cost or None)),
+        cost=(
+            measured_cost(model, first_row(input_ids, model_kwargs), batch=rows)
+            if cape_cost is True
+            else (cape_cost or None)
+        ),
         rows=rows,
     )
     return tree_generate(

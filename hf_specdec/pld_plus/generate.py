@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..core.assisted import run_assisted_decoding
-from ..core.generate_io import check_prompt, eos_token_ids, resolve_streamer
+from ..core.generate_io import check_prompt, eos_token_ids, first_row, resolve_streamer
 from ..core.stats import DecodeStats
 from ..core.tree_decoding import tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
@@ -35,12 +35,6 @@ def _heads_for(model, heads_file: str | Path | None, top_heads: int | None) -> d
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
     return {layer: torch.tensor(sorted(hs), dtype=torch.long) for layer, hs in by_layer.items()}
-
-
-def _first_row(input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
-    """The first row without its left padding (what the cost curve is timed on)."""
-    mask = model_kwargs.get("attention_mask")
-    return input_ids[0] if mask is None else input_ids[0][mask[0].bool()]
 
 
 def pld_plus(
@@ -123,7 +117,7 @@ def pld_plus(
         cost = (
             pld_cost
             if pld_cost is not None
-            else measured_cost(model, _first_row(input_ids, model_kwargs), batch=rows)
+            else measured_cost(model, first_row(input_ids, model_kwargs), batch=rows)
         )
     eos = eos_token_ids(generation_config)
     common = dict(
@@ -145,9 +139,8 @@ def pld_plus(
                 **common,
             )
 
-        if (
-            batch
-        ):  # transformers' assisted loop takes batch size 1: the tree core runs the batch, PLD+ per row
+        # transformers' assisted loop takes batch size 1: the tree core runs a batch, PLD+ per row
+        if batch:
             return tree_generate(
                 model,
                 input_ids,
