@@ -29,21 +29,6 @@ def _run_one(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tup
     return run_row(method, model, input_ids, max_new_tokens)
 
 
-class _BatchMeter(ForwardMeter):
-    """A :class:`ForwardMeter` that also records each forward's batch size (rows in the forward)."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__(module)
-        self.batch_sizes: list[int] = []
-
-    def _pre(self, module, args, kwargs):
-        super()._pre(module, args, kwargs)
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            ids = kwargs.get("inputs_embeds")
-        self.batch_sizes.append(int(ids.shape[0]) if ids is not None else 0)
-
-
 def _run_batch(
     method, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
 ) -> tuple[list[list[int]], DecodeStats, int]:
@@ -52,7 +37,7 @@ def _run_batch(
     method that returns none gets the rows of every forward, an upper bound when finished rows ride along) and the
     number of actual forwards of the target."""
     generate = method.generate_batch if method.batchable else method.generate_rows
-    with _BatchMeter(model) as meter:
+    with ForwardMeter(model) as meter:
         t0 = clock(meter.device)
         rows, stats = generate(input_ids, attention_mask, max_new_tokens)
         elapsed = clock(meter.device) - t0

@@ -50,7 +50,7 @@ class DecodeStats:
 class ForwardMeter:
     """Counts and times a module's forward calls through hooks (no change to the module).
 
-    Used on the target to get the number of target forwards, their wall time and their query lengths
+    Used on the target to get the number of target forwards, their wall time, their rows and query lengths
     (a verification forward over ``1 + n`` tokens checked ``n`` drafted tokens), and on a drafter
     module to get draft time. Use as a context manager.
     """
@@ -60,6 +60,7 @@ class ForwardMeter:
         self.calls = 0
         self.time = 0.0
         self.query_lengths: list[int] = []
+        self.batch_sizes: list[int] = []  # rows of each forward
         self._t0 = 0.0
         self._handles: list = []
         self.device = device_of(module)  # timed regions wait for it (core/timing.py)
@@ -69,6 +70,7 @@ class ForwardMeter:
         if ids is None:
             ids = kwargs.get("inputs_embeds")
         self.query_lengths.append(int(ids.shape[1]) if ids is not None else 0)
+        self.batch_sizes.append(int(ids.shape[0]) if ids is not None else 0)
         self._t0 = clock(self.device)
 
     def _post(self, module, args, kwargs, output):
