@@ -146,13 +146,10 @@ def warped_next_token(model, temperature: float, top_k: int):
 
 
 def left_pad(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A left-padded batch of 1-D prompts and its attention mask."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
-    return ids, mask
+    """A left-padded batch of 1-D prompts and its attention mask (the bench's ``left_pad``)."""
+    from hf_specdec.bench.methods import left_pad as bench_left_pad
+
+    return bench_left_pad([p.tolist() for p in prompts], pad)
 
 
 def batch_pair_counts(model, prompts: list[torch.Tensor], runs: int, vocab: int, **generate_kwargs) -> list:
