@@ -21,22 +21,27 @@ from .conftest import tiny_llama
 BLOCK = 16
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    """A token corpus in ``hf-specdec corpus``'s format: 10 blocks of random tokens, the first third of each
-    conversation unsupervised."""
+def write_corpus(folder, blocks: int):
+    """A token corpus in ``hf-specdec corpus``'s format in ``folder``: ``blocks`` blocks (plus 5) of random tokens,
+    the first third of every 12 unsupervised. Returns ``folder``."""
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(0)
-    n = 10 * BLOCK + 5
+    n = blocks * BLOCK + 5
     ids = rng.integers(3, 97, n).astype(np.uint16)
     supervised = (np.arange(n) % 12) >= 4
     save_file(
         {"ids": ids, "supervised": np.packbits(supervised), "offsets": np.array([0, n], dtype=np.int64)},
-        str(tmp_path / "train.safetensors"),
+        str(folder / "train.safetensors"),
     )
-    (tmp_path / "corpus.json").write_text(json.dumps({"format": CORPUS_FORMAT, "tokenizer_sha1": "x"}))
-    return tmp_path
+    (folder / "corpus.json").write_text(json.dumps({"format": CORPUS_FORMAT, "tokenizer_sha1": "x"}))
+    return folder
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A 10-block corpus (:func:`write_corpus`)."""
+    return write_corpus(tmp_path, 10)
 
 
 @pytest.fixture(scope="module")

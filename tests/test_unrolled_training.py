@@ -181,9 +181,9 @@ def test_unrolled_training_from_a_feature_store(target, tmp_path):
     """A store batch (soft prompt and top-k teacher from the store) unrolls like a live batch with the same teacher."""
     from hf_specdec.trainers.features import FeatureStore, build_features
 
-    from tests.test_features import BLOCK
+    from tests.test_features import BLOCK, write_corpus
 
-    corpus = _corpus(tmp_path)
+    corpus = write_corpus(tmp_path, 4)
     drafter = _drafter("edd", target)
     build_features(target, drafter, corpus, tmp_path / "store", BLOCK, top_k=6, dtype="fp32")
     store = FeatureStore(tmp_path / "store")
@@ -191,27 +191,6 @@ def test_unrolled_training_from_a_feature_store(target, tmp_path):
     stored = _stack_collator([store[i] for i in range(3)])
     live = {"input_ids": stored["input_ids"], "labels": stored["labels"]}
     torch.testing.assert_close(trainer.compute_loss(drafter, stored), trainer.compute_loss(drafter, live))
-
-
-def _corpus(tmp_path):
-    import json
-
-    import numpy as np
-    from hf_specdec.trainers.corpus import CORPUS_FORMAT
-    from safetensors.numpy import save_file
-
-    from tests.test_features import BLOCK
-
-    rng = np.random.default_rng(0)
-    n = 4 * BLOCK + 5
-    ids = rng.integers(3, 97, n).astype(np.uint16)
-    supervised = (np.arange(n) % 12) >= 4
-    save_file(
-        {"ids": ids, "supervised": np.packbits(supervised), "offsets": np.array([0, n], dtype=np.int64)},
-        str(tmp_path / "train.safetensors"),
-    )
-    (tmp_path / "corpus.json").write_text(json.dumps({"format": CORPUS_FORMAT, "tokenizer_sha1": "x"}))
-    return tmp_path
 
 
 def test_step_weights_and_feed_back():
