@@ -180,6 +180,49 @@ def test_edd_tree_step_matches_chain_computation(target_and_edd):
     torch.testing.assert_close(probs_tree, ref, rtol=1e-4, atol=1e-6)
 
 
+class NodeByNode:
+    """An expander that drafts each listed node in its own forward (what level batching replaces)."""
+
+    def __init__(self, inner):
+        self.inner, self.token_ids = inner, inner.token_ids
+
+    def expand(self, nodes, tree):
+        return torch.cat([self.inner.expand([node], tree) for node in nodes])
+
+
+@pytest.mark.parametrize("grow", ["pct", "vct"])
+def test_level_batched_drafting_builds_the_node_by_node_tree(target_and_edd, grow):
+    """A whole tree level in one EDD forward (tree mask over the frontier) gives the tree that one forward per node
+    gives: the same tokens and parents, the same confidences, in fewer drafter forwards."""
+    from hf_specdec.edd.draft_state import EddDraftState
+    from hf_specdec.edd.tree_proposer import EddTreeExpander
+
+    target, edd = target_and_edd
+    if edd.target is not target:
+        edd.attach_target(target)
+    torch.manual_seed(3)
+    ids = torch.randint(3, 90, (1, 9))
+    trees, forwards = [], []
+    with torch.no_grad():
+        h = target.base_model(ids[:, :-1], output_hidden_states=True).hidden_states[edd.config.encoder_layer]
+        for wrap in (lambda e: e, NodeByNode):
+            state = EddDraftState(edd)
+            state.push_hidden(h)
+            exp = wrap(EddTreeExpander(state, ids, temperature=0.5))
+            tree = (
+                grow_pct(exp, 1e-4, 3, 3, removal_threshold=0.0) if grow == "pct" else grow_fixed(exp, 2, 3)
+            )
+            trees.append(tree)
+            forwards.append(state.forwards)
+    level, node = trees
+    assert (level.tokens, level.parents, level.depth) == (node.tokens, node.parents, node.depth)
+    torch.testing.assert_close(
+        torch.tensor(level.confidence), torch.tensor(node.confidence), rtol=1e-4, atol=1e-6
+    )
+    assert len(level) > level.max_depth  # some level had several nodes, so the two really differ in forwards
+    assert forwards[0] == level.expansions < forwards[1]
+
+
 def test_accepted_length_follows_the_matching_path():
     from hf_specdec.edd.tree_replay import accepted_length
 
