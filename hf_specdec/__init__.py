@@ -5,6 +5,7 @@ One import, one keyword::
     target.generate(**inputs, assistant_model=drafter)            # GLIDE / EDD drafters (chains)
     target.generate(**inputs, custom_generate=hf_specdec.pld_plus) # PLD+ (pld-plus.txt)
     target.generate(**inputs, custom_generate=hf_specdec.space)    # SPACE auto-correct decoding (space.txt)
+                                  # on a SAR-SFT model, e.g. the shipped one: hf_specdec.load_space_model()
     target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide)  # GLIDE + CAPE trees
     target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=...)  # any token-tree proposer
 
@@ -24,6 +25,7 @@ from .errors import SpecDecError
 from .glide import glide_cape
 from .pld_plus import pld_plus
 from .space import space_generate as space
+from .space.adapter import load_space_model
 from .target import load_default_target, load_target
 
 assisted.install()
@@ -36,6 +38,7 @@ __all__ = [
     "TreeProposer",
     "glide_cape",
     "load_default_target",
+    "load_space_model",
     "load_target",
     "pld_plus",
     "space",

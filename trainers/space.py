@@ -30,41 +30,14 @@ import torch
 
 from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
+from hf_specdec.fingerprint import target_fingerprint
+from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token
+from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 
 from .space_collator import SpaceDataCollator
 
-MASK_TOKEN = "<|space_mask|>"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 logger = logging.getLogger(__name__)
-
-
-def add_mask_token(model, tokenizer, k: int, seed: int = 0) -> int:
-    """Add ``[M]`` as a special token with a freshly initialised embedding row; returns its id.
-
-    The row is drawn from N(0, initializer_range) (§4.1: "initialize its embedding with normal distribution").
-    With tied input/output embeddings the same row is also the mask token's output row. Idempotent: a model
-    that already has the token keeps its row. The token id and ``k`` are recorded in ``model.config``.
-    """
-    from tokenizers import AddedToken
-
-    if MASK_TOKEN not in tokenizer.get_vocab():
-        tokenizer.add_tokens([AddedToken(MASK_TOKEN, special=True, normalized=False)], special_tokens=True)
-    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    emb = model.get_input_embeddings()
-    if mask_id >= emb.weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        emb = model.get_input_embeddings()
-        std = getattr(model.config, "initializer_range", 0.02)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            row = torch.randn(emb.weight.shape[1], generator=gen) * std
-            emb.weight[mask_id] = row.to(emb.weight.dtype)
-            out = model.get_output_embeddings()
-            if out is not None and out.weight.data_ptr() != emb.weight.data_ptr():
-                out.weight[mask_id] = 0.0  # untied head: never prefer the mask token as an output
-    model.config.space_mask_token_id = int(mask_id)
-    model.config.space_k = int(k)
-    return int(mask_id)
 
 
 def apply_lora(model, mask_token_id: int, r: int = 16, alpha: int = 32, dropout: float = 0.05):
@@ -112,6 +85,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-steps", type=int, default=100)
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
+    p.add_argument(
+        "--group-by-length",
+        action="store_true",
+        help="batch samples of similar length (Trainer's group_by_length sampler): less padding, same samples",
+    )
     p.add_argument("--save", choices=["merged", "adapter"], default="merged")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--seed", type=int, default=0)
@@ -131,12 +109,15 @@ def drawn_training_set(train, collator: SpaceDataCollator, n: int):
     for repetition in range(-(-n // len(train))):
         seed = collator.seed if repetition == 0 else collator.seed + 1000 + repetition
         rows += replace(collator, seed=seed).fix(train)
+    for row in rows:  # read by the group_by_length sampler; the collator ignores it
+        row["length"] = len(row["input_ids"])
     return Dataset.from_list(rows)
 
 
-def write_model_card(folder: Path, info: dict) -> Path:
-    """The card of a SAR-SFT / SFT checkpoint: ``README.md`` and ``space_training.json`` (the same facts,
-    machine-readable), written by the trainers' one card writer (``run_support.write_card``)."""
+def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
+    """The card of a SAR-SFT / SFT checkpoint (``adapter``: of its LoRA adapter alone): ``README.md`` and
+    ``space_training.json`` (the same facts, machine-readable), written by the trainers' one card writer
+    (``run_support.write_card``)."""
     from hf_specdec.trainers.run_support import write_card
     from huggingface_hub import ModelCardData
 
@@ -162,10 +143,20 @@ def write_model_card(folder: Path, info: dict) -> Path:
         "tau = tokens produced per model forward with auto-correct decoding "
         f"({info.get('tau_detail', 'not measured')}).",
         "",
-        "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`.",
+        "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`"
+        + (
+            " on `model, tok = hf_specdec.load_space_model(FOLDER)` (this LoRA adapter merged into its base)."
+            if adapter
+            else "."
+        ),
     ]
+    if info.get("command"):
+        footer += ["", f"Made by: `{info['command']}`"]
+    on_default = (info.get("target_info") or {}).get("name") == DEFAULT_TARGET_NAME
     data = ModelCardData(
-        library_name="transformers",  # a plain causal LM: the Hub's transformers snippet loads it as is
+        # a merged model is a plain causal LM (the Hub's transformers snippet loads it as is); an adapter is peft's
+        library_name="peft" if adapter else "transformers",
+        base_model=DEFAULT_TARGET_HUB_ID if on_default else None,
         pipeline_tag="text-generation",
         tags=["hf_specdec", "space", "speculative-decoding"],
     )
@@ -220,6 +211,7 @@ def training_arguments(args: argparse.Namespace, lr: float):
         adam_beta2=0.999,
         max_grad_norm=1.0,
         bf16=args.dtype == "bf16",
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
     )
 
 
@@ -239,6 +231,9 @@ def run(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     base = getattr(model.config, "name_or_path", None) or str(args.model)
+    target_info = target_fingerprint(
+        model
+    )  # of the base, before [M] is added: checked when the adapter loads
     mask_id = add_mask_token(model, tokenizer, args.k, seed=args.seed)
     model.config.use_cache = False
     if not args.full:
@@ -274,10 +269,19 @@ def run(args: argparse.Namespace) -> None:
 
     final = out / "final"
     trained = trainer.model
+    # LoRA: the adapter alone is kept too (``OUTPUT/adapter``; ``final`` itself with ``--save adapter``), the form the
+    # package ships and ``hf_specdec.load_space_model`` loads
+    # (without the resized embedding matrices peft would add: the [M] row is in the adapter, the rest is the base's)
+    adapter_dir = None if args.full else (final if args.save == "adapter" else out / "adapter")
+    if adapter_dir is not None:
+        if target_info["name"] == DEFAULT_TARGET_NAME:  # its Hub id, so the adapter's config names a loadable base
+            trained.peft_config[trained.active_adapter].base_model_name_or_path = DEFAULT_TARGET_HUB_ID
+        trained.save_pretrained(adapter_dir, safe_serialization=True, save_embedding_layers=False)
     if not args.full and args.save == "merged":
         trained = trained.merge_and_unload()
     trained.config.use_cache = True
-    trained.save_pretrained(final, safe_serialization=True)
+    if adapter_dir != final:
+        trained.save_pretrained(final, safe_serialization=True)
     tokenizer.save_pretrained(final)
 
     info = {
@@ -291,6 +295,8 @@ def run(args: argparse.Namespace) -> None:
         "processes": targs.world_size,
         "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
+        "target_info": target_info,
+        "command": getattr(args, "command_line", None),
     }
     if args.tau_prompts > 0 and not (not args.full and args.save == "adapter"):
         try:
@@ -298,5 +304,7 @@ def run(args: argparse.Namespace) -> None:
             info["tau"], info["tau_detail"] = measure_tau(trained, tokenizer, args.tau_prompts)
         except Exception as exc:  # the checkpoint is saved; a failed measurement must not lose it
             logger.warning("tau measurement failed: %s", exc)
-    write_model_card(final, info)
+    write_model_card(final, info, adapter=adapter_dir == final)
+    if adapter_dir is not None and adapter_dir != final:
+        write_model_card(adapter_dir, info, adapter=True)
     print(f"saved {final} (eval loss {info['eval_loss']}, tau {info.get('tau')})")

@@ -17,7 +17,8 @@ from ..core.stats import DecodeStats, ForwardMeter
 from ..core.timing import clock
 from ..errors import SpecDecError
 from ..machine import describe_machine, resolve_auto_dtype
-from ..target import load_target, resolve_dtype
+from ..space.adapter import load_model, model_for_methods
+from ..target import resolve_dtype
 from ..tasks import load_task
 from .methods import BenchContext, get_method, left_pad, pad_token_id, run_row
 from .report import write_outputs
@@ -123,7 +124,8 @@ def run_bench(
     names = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
     classes = [get_method(n) for n in names]  # unknown names fail here, before any loading
     datasets = {t: load_task(t, None, limit) for t in tasks}  # unknown tasks / missing packages fail early
-    target, tokenizer = load_target(model, dtype, gguf_file=gguf_file)
+    model = model_for_methods(model, names)
+    target, tokenizer = load_model(model, dtype, gguf_file=gguf_file)
     torch_dtype = resolve_dtype(dtype)
     tie_tol = DEFAULT_TIE_TOL.get(torch_dtype) if tie_tol is None else tie_tol
     ctx = BenchContext(target, tokenizer, dtype, options or {})

@@ -1,12 +1,14 @@
 """Bench method ``space``: SPACE auto-correct decoding (space.txt §3.2) of a SAR-SFT model.
 
-The harness's ``ar`` reference runs the model given by ``--model``, so bench the SAR-SFT checkpoint itself::
+The harness's ``ar`` reference runs the model given by ``--model``: without one, a bench with ``space`` runs the
+shipped SAR-SFT adapter (``hf_specdec/resources/space-smollm2`` on the default target) for every method; your own
+SAR-SFT checkpoint (merged folder or ``OUTPUT/adapter``) is benched as itself::
 
     hf-specdec bench --model runs/space-sar/final --methods ar,space ...
 
-then ``ar`` and ``space`` run the same weights and the lossless column is meaningful. Options:
+so ``ar`` and ``space`` run the same weights and the lossless column is meaningful. Options:
 ``--option space_masks=N`` (masks per group, default the trained k) and ``--option space_model=PATH``,
-used only when ``--model`` is not a SPACE model (default ``$HF_SPECDEC_HOME/space/sar-sft``): the method then
+used only when ``--model`` is given and is not a SPACE model (default: the shipped adapter): the method then
 decodes with that checkpoint while ``ar`` decodes ``--model``, so speed compares two different models and
 the lossless check fails by construction — a warning says so.
 """
@@ -20,14 +22,10 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecDecError
-from ..target import home, load_target
+from ..space.adapter import SHIPPED_ADAPTER, is_space_adapter, load_model
 from .methods import BenchContext, Method, greedy_with_stats, register
 
 logger = logging.getLogger(__name__)
-
-
-def default_space_model() -> Path:
-    return home() / "space" / "sar-sft"
 
 
 @register
@@ -41,11 +39,11 @@ class Space(Method):
         super().setup(ctx)
         self.masks = int(ctx.options["space_masks"]) if "space_masks" in ctx.options else None
         if getattr(ctx.model.config, "space_mask_token_id", None) is None:
-            path = Path(ctx.options.get("space_model") or default_space_model())
-            if not (path / "config.json").is_file():
+            path = Path(ctx.options.get("space_model") or SHIPPED_ADAPTER)
+            if not ((path / "config.json").is_file() or is_space_adapter(path)):
                 raise SpecDecError(
                     f"--model is not a SAR-SFT model and {path} holds none; train one with "
-                    "`hf-specdec train space --output-dir DIR` and bench with --model DIR/final"
+                    "`hf-specdec train space --output-dir DIR` and bench with --model DIR/final (or DIR/adapter)"
                 )
             logger.warning(
                 "bench method space: --model is not a SPACE model, decoding %s instead; `ar` runs a different "
@@ -53,7 +51,7 @@ class Space(Method):
                 path,
                 path,
             )
-            self.model, _ = load_target(str(path), ctx.dtype)
+            self.model, _ = load_model(str(path), ctx.dtype)
             self.model.to(ctx.model.device)
         from ..space import space_generate
 
@@ -107,7 +105,7 @@ def quality(
 
     rows = []
     for name, path in models.items():
-        model, tok = load_target(path, dtype)
+        model, tok = load_model(path, dtype)
         outputs = {}
         for task in ("summarize", "humaneval"):
             outputs[task] = []

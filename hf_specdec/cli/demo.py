@@ -40,14 +40,14 @@ def _columns(left: str, right: str, width: int = 58) -> str:
 def run(args) -> int:
     from ..bench.methods import BenchContext, available_methods, get_method
     from ..machine import describe_machine, machine_line, resolve_auto_dtype
-    from ..target import load_target
+    from ..space.adapter import load_model, model_for_methods
     from ..tasks import load_task
 
     args.dtype = resolve_auto_dtype(args.dtype)
 
     methods = available_methods()
     name = args.method or next(m for m in PREFERENCE if m in methods)
-    model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
+    model, tokenizer = load_model(model_for_methods(args.model, [name]), args.dtype, gguf_file=args.gguf_file)
     ctx = BenchContext(model, tokenizer, args.dtype)
     runners = {}
     for n in ("ar", name):

@@ -4,7 +4,8 @@
 SPACE has no separate drafter (nothing in ``modeling/``): the model drafts for itself at mask tokens, after
 SAR-SFT (semi-autoregressive supervised fine-tuning, §3.1), which is ``trainers/space.py`` (``hf-specdec train
 space``) with the collator ``trainers/space_collator.py``. Its one-pass draft-and-verify step is its own; the
-acceptance of its candidates is the tree core's (``core/acceptance.py``).
+acceptance of its candidates is the tree core's (``core/acceptance.py``). ``adapter.py`` loads a SAR-SFT LoRA
+adapter (the shipped one by default) onto its base model; ``mask_token.py`` adds ``[M]`` for training and loading.
 """
 
 from .decoding import space_generate

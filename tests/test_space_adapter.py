@@ -1,0 +1,163 @@
+"""SAR-SFT adapters (``hf_specdec.space.adapter``): a LoRA adapter + SPACE's card loads onto its base as the merged
+model, the wrong base or a broken folder fails clearly, bench and demo pick the shipped adapter when SPACE runs
+without --model, and the shipped adapter itself decodes losslessly on the default target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.errors import SpecDecError
+from hf_specdec.space.adapter import (
+    SHIPPED_ADAPTER,
+    is_space_adapter,
+    load_model,
+    load_space_model,
+    model_for_methods,
+)
+
+from .conftest import tiny_llama
+
+
+def _base_and_adapter(tmp_path, seed: int = 0):
+    """A tiny base model folder (the default target's tokenizer) and a SAR-SFT adapter trained one SGD step on it,
+    written as ``train space`` writes one; returns both folders and the merged model the adapter must give."""
+    from hf_specdec.trainers.space import apply_lora, write_model_card
+    from transformers import AutoTokenizer
+
+    from hf_specdec.fingerprint import target_fingerprint
+    from hf_specdec.space.mask_token import add_mask_token
+    from hf_specdec.target import default_target_path
+
+    tok = AutoTokenizer.from_pretrained(default_target_path())
+    base = tiny_llama(vocab_size=len(tok), seed=seed, tie_word_embeddings=True)
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    info = {"base": "tiny", "k": 3, "p_ar": 0.5, "target_info": target_fingerprint(base)}
+    info["mask_token_id"] = mask_id = add_mask_token(base, tok, k=3)
+    peft_model = apply_lora(base, mask_id, r=4, alpha=8, dropout=0.0)
+    opt = torch.optim.SGD([p for p in peft_model.parameters() if p.requires_grad], lr=1.0)
+    ids = torch.tensor([[5, 6, mask_id, mask_id, 7, 8]])
+    peft_model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    peft_model.save_pretrained(tmp_path / "adapter", save_embedding_layers=False)  # as `train space` saves it
+    info.update(method="LoRA r=4 + trainable [M] row", steps=1, batch=1)
+    write_model_card(tmp_path / "adapter", info, adapter=True)
+    return tmp_path / "base", tmp_path / "adapter", peft_model.merge_and_unload().eval()
+
+
+def test_adapter_loads_as_the_merged_model(tmp_path):
+    from hf_specdec.space.mask_token import add_mask_token
+    from hf_specdec.target import load_target
+
+    base, adapter, merged = _base_and_adapter(tmp_path)
+    assert is_space_adapter(adapter) and not is_space_adapter(base)
+    model, tok = load_space_model("fp32", adapter, base=base)
+    mask_id = model.config.space_mask_token_id
+    assert (mask_id, model.config.space_k) == (len(tok) - 1, 3)
+    from safetensors import safe_open
+
+    with safe_open(
+        adapter / "adapter_model.safetensors", "pt"
+    ) as f:  # the [M] row, not whole embedding matrices
+        assert all(f.get_slice(k).get_shape()[0] < 1000 for k in f.keys() if "lora" not in k)
+    ids = torch.tensor([[5, 6, 7, mask_id, mask_id, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, merged(ids).logits, rtol=0, atol=1e-5)
+        plain, plain_tok = load_target(base)  # the base with a fresh [M] row, no adapter: other logits
+        add_mask_token(plain, plain_tok, k=3)
+        assert not torch.allclose(model(ids).logits, plain(ids).logits, atol=1e-3)
+    card = (adapter / "README.md").read_text()
+    assert "library_name: peft" in card and "load_space_model" in card
+
+
+def test_adapter_refuses_another_base_and_broken_folders(tmp_path):
+    _, adapter, _ = _base_and_adapter(tmp_path / "a", seed=0)
+    other, _, _ = _base_and_adapter(tmp_path / "b", seed=1)
+    with pytest.raises(SpecDecError, match="SPACE adapter .* was built for target"):
+        load_space_model("fp32", adapter, base=other)
+    (adapter / "adapter_model.safetensors").unlink()
+    with pytest.raises(SpecDecError, match="not a SPACE adapter .*missing adapter_model.safetensors"):
+        load_space_model("fp32", adapter, base=other)
+    card = json.loads((tmp_path / "b" / "adapter" / "space_training.json").read_text())
+    card["mask_token_id"] += 1
+    (tmp_path / "b" / "adapter" / "space_training.json").write_text(json.dumps(card))
+    with pytest.raises(SpecDecError, match="mask token at id"):
+        load_space_model("fp32", tmp_path / "b" / "adapter", base=other)
+
+
+def test_bench_and_demo_default_to_the_packaged_adapter_for_space(tmp_path):
+    assert model_for_methods(None, ["ar", "space"]) == str(SHIPPED_ADAPTER)
+    assert model_for_methods(None, ["ar", "pld-plus-h"]) is None
+    assert model_for_methods("runs/x/final", ["ar", "space"]) == "runs/x/final"
+    base, _, _ = _base_and_adapter(tmp_path)
+    model, _ = load_model(str(base))  # a plain model folder still goes through load_target
+    assert getattr(model.config, "space_mask_token_id", None) is None
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_shipped_adapter_is_lossless_and_drafts(real_target):
+    """The shipped SAR-SFT adapter on the default target: SPACE's greedy output is plain greedy's, and its mask
+    guesses are accepted (tau > 1), so the shipped weights are trained, not a fresh mask row."""
+    from hf_specdec.core.stats import DecodeStats
+    from hf_specdec.tasks import load_task
+
+    assert is_space_adapter(SHIPPED_ADAPTER)
+    model, tok = load_space_model(dtype="fp32")
+    card = json.loads((SHIPPED_ADAPTER / "space_training.json").read_text())
+    assert model.config.space_k == card["k"] and model.config.space_mask_token_id == card["mask_token_id"]
+    for task in ("mt-bench", "code-edit"):
+        ids = tok(load_task(task, tok, 1)[0]["prompt"], return_tensors="pt").input_ids
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False)
+        stats = DecodeStats()
+        out = model.generate(ids, custom_generate=hf_specdec.space, stats=stats, **kw)
+        assert torch.equal(out, model.generate(ids, **kw))
+        assert stats.accepted > 0 and stats.new_tokens > stats.target_forwards
+
+
+def test_the_packaged_adapter_card_names_its_base_and_command():
+    """The shipped card is a Hub card for a peft adapter of the default target, and records how it was made."""
+    from huggingface_hub import ModelCard
+
+    from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
+
+    card = ModelCard.load(SHIPPED_ADAPTER / "README.md")
+    assert card.data.library_name == "peft" and card.data.base_model == DEFAULT_TARGET_HUB_ID
+    info = json.loads((SHIPPED_ADAPTER / "space_training.json").read_text())
+    assert info["target_info"]["name"] == DEFAULT_TARGET_NAME and info["p_ar"] < 1
+    assert (
+        info["command"].startswith("hf-specdec train space")
+        and f"{info['steps']} x {info['batch']}" in card.text
+    )
+    config = json.loads((SHIPPED_ADAPTER / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["trainable_token_indices"]
+    assert config["base_model_name_or_path"] == DEFAULT_TARGET_HUB_ID
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_target, tmp_path):
+    """`hf-specdec train space` (LoRA, merged) also writes OUTPUT/adapter with its card; loaded onto the default
+    target it is the merged OUTPUT/final, and the card records the base's fingerprint and the command."""
+    from hf_specdec.cli import main
+    from hf_specdec.target import load_target
+
+    out = tmp_path / "run"
+    argv = ["train", "space", "--output-dir", str(out), "--max-steps", "1", "--batch-size", "2"]
+    argv += ["--max-length", "48", "--eval-samples", "2", "--tau-prompts", "0", "--k", "3", "--lr", "1e-2"]
+    assert main(argv) in (0, None)
+    assert is_space_adapter(out / "adapter")
+    assert (out / "adapter" / "adapter_model.safetensors").stat().st_size < 30e6  # LoRA + the [M] row only
+    info = json.loads((out / "adapter" / "space_training.json").read_text())
+    assert info["command"].startswith("hf-specdec train space") and info["target_info"]["vocab_size"] == 49152
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    merged, tok = load_target(out / "final", "fp32")
+    loaded, _ = load_space_model("fp32", out / "adapter")
+    ids = torch.tensor([[1, 2, 3, merged.config.space_mask_token_id, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, rtol=0, atol=1e-4)
