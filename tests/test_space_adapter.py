@@ -161,3 +161,16 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     ids = torch.tensor([[1, 2, 3, merged.config.space_mask_token_id, 5]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_bench_space_without_model_runs_the_shipped_adapter(tmp_path):
+    """`hf-specdec bench --methods ar,space` on a fresh machine: no --model, so both run the shipped SAR-SFT model,
+    and space is lossless against plain generate of those weights."""
+    from hf_specdec.bench.harness import run_bench
+
+    results = run_bench(["ar", "space"], ["mt-bench"], limit=1, max_new_tokens=16, out=tmp_path)
+    assert results["config"]["model"] == str(SHIPPED_ADAPTER)
+    space = next(r for r in results["runs"] if r["method"] == "space")
+    assert space["lossless"] and space["tau"] >= 1.0
