@@ -85,11 +85,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-steps", type=int, default=100)
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
-    p.add_argument(
-        "--group-by-length",
-        action="store_true",
-        help="batch samples of similar length (Trainer's group_by_length sampler): less padding, same samples",
-    )
     p.add_argument("--save", choices=["merged", "adapter"], default="merged")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--seed", type=int, default=0)
@@ -109,8 +104,6 @@ def drawn_training_set(train, collator: SpaceDataCollator, n: int):
     for repetition in range(-(-n // len(train))):
         seed = collator.seed if repetition == 0 else collator.seed + 1000 + repetition
         rows += replace(collator, seed=seed).fix(train)
-    for row in rows:  # read by the group_by_length sampler; the collator ignores it
-        row["length"] = len(row["input_ids"])
     return Dataset.from_list(rows)
 
 
@@ -211,7 +204,6 @@ def training_arguments(args: argparse.Namespace, lr: float):
         adam_beta2=0.999,
         max_grad_norm=1.0,
         bf16=args.dtype == "bf16",
-        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
     )
 
 
