@@ -266,7 +266,8 @@ def run(args: argparse.Namespace) -> None:
     # (without the resized embedding matrices peft would add: the [M] row is in the adapter, the rest is the base's)
     adapter_dir = None if args.full else (final if args.save == "adapter" else out / "adapter")
     if adapter_dir is not None:
-        if target_info["name"] == DEFAULT_TARGET_NAME:  # its Hub id, so the adapter's config names a loadable base
+        # the default target's Hub id, so the adapter's config names a base others can load
+        if target_info["name"] == DEFAULT_TARGET_NAME:
             trained.peft_config[trained.active_adapter].base_model_name_or_path = DEFAULT_TARGET_HUB_ID
         trained.save_pretrained(adapter_dir, safe_serialization=True, save_embedding_layers=False)
     if not args.full and args.save == "merged":
