@@ -119,8 +119,10 @@ def test_the_shipped_adapter_is_lossless_and_drafts(real_target):
         assert stats.accepted > 0 and stats.new_tokens > stats.target_forwards
 
 
-def test_the_packaged_adapter_card_names_its_base_and_command():
-    """The shipped card is a Hub card for a peft adapter of the default target, and records how it was made."""
+def test_the_packaged_adapter_card_names_its_base_and_command(tmp_path):
+    """The shipped card is a Hub card for a peft adapter of the default target, records how it was made, and is what
+    the card writer makes of its figures (regenerating it changes nothing)."""
+    from hf_specdec.trainers.space import write_model_card
     from huggingface_hub import ModelCard
 
     from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
@@ -136,6 +138,11 @@ def test_the_packaged_adapter_card_names_its_base_and_command():
     config = json.loads((SHIPPED_ADAPTER / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["trainable_token_indices"]
     assert config["base_model_name_or_path"] == DEFAULT_TARGET_HUB_ID
+    write_model_card(tmp_path, info, adapter=True)
+    assert (tmp_path / "README.md").read_text() == (SHIPPED_ADAPTER / "README.md").read_text()
+    assert (
+        "load_space_model(adapter=FOLDER)" in card.text and DEFAULT_TARGET_HUB_ID in card.text.split("|")[0]
+    )
 
 
 @pytest.mark.real

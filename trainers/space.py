@@ -117,10 +117,11 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
     kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
     processes = f" ({info['processes']} processes)" if info.get("processes", 1) > 1 else ""
     tau = info.get("tau")
+    on_default = (info.get("target_info") or {}).get("name") == DEFAULT_TARGET_NAME
     intro = [
         f"# {kind}",
         "",
-        f"Fine-tuned from `{info['base']}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
+        f"Fine-tuned from `{DEFAULT_TARGET_HUB_ID if on_default else info['base']}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
     ]
     rows = [
         ("k (mask tokens)", info["k"]),
@@ -138,14 +139,13 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         "",
         "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`"
         + (
-            " on `model, tok = hf_specdec.load_space_model(FOLDER)` (this LoRA adapter merged into its base)."
+            " on `model, tok = hf_specdec.load_space_model(adapter=FOLDER)` (this LoRA adapter merged into its base)."
             if adapter
             else "."
         ),
     ]
     if info.get("command"):
         footer += ["", f"Made by: `{info['command']}`"]
-    on_default = (info.get("target_info") or {}).get("name") == DEFAULT_TARGET_NAME
     data = ModelCardData(
         # a merged model is a plain causal LM (the Hub's transformers snippet loads it as is); an adapter is peft's
         library_name="peft" if adapter else "transformers",
