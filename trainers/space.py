@@ -118,10 +118,11 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
     processes = f" ({info['processes']} processes)" if info.get("processes", 1) > 1 else ""
     tau = info.get("tau")
     on_default = (info.get("target_info") or {}).get("name") == DEFAULT_TARGET_NAME
+    base = DEFAULT_TARGET_HUB_ID if on_default else info["base"]
     intro = [
         f"# {kind}",
         "",
-        f"Fine-tuned from `{DEFAULT_TARGET_HUB_ID if on_default else info['base']}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
+        f"Fine-tuned from `{base}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
     ]
     rows = [
         ("k (mask tokens)", info["k"]),
@@ -223,9 +224,8 @@ def run(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     base = getattr(model.config, "name_or_path", None) or str(args.model)
-    target_info = target_fingerprint(
-        model
-    )  # of the base, before [M] is added: checked when the adapter loads
+    # the base's fingerprint, taken before [M] is added: checked when the adapter loads
+    target_info = target_fingerprint(model)
     mask_id = add_mask_token(model, tokenizer, args.k, seed=args.seed)
     model.config.use_cache = False
     if not args.full:

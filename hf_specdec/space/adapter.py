@@ -25,10 +25,15 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", CARD_JSON)
 logger = logging.getLogger(__name__)
 
 
+def missing_adapter_files(folder: Path) -> list[str]:
+    """The files of a SAR-SFT adapter (peft's adapter files and SPACE's card) that ``folder`` lacks."""
+    return [name for name in ADAPTER_FILES if not (folder / name).is_file()]
+
+
 def is_space_adapter(path) -> bool:
-    """Whether ``path`` is a folder holding a SAR-SFT adapter (peft's adapter files and SPACE's card)."""
+    """Whether ``path`` is a folder holding a SAR-SFT adapter."""
     folder = Path(path)
-    return folder.is_dir() and all((folder / name).is_file() for name in ADAPTER_FILES)
+    return folder.is_dir() and not missing_adapter_files(folder)
 
 
 def load_space_model(dtype="auto", adapter=None, base=None):
@@ -38,7 +43,7 @@ def load_space_model(dtype="auto", adapter=None, base=None):
     LM whose config carries ``space_mask_token_id`` / ``space_k``: decode it with ``custom_generate=hf_specdec.space``,
     and its plain greedy ``generate`` is the reference SPACE reproduces."""
     folder = Path(adapter) if adapter is not None else SHIPPED_ADAPTER
-    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
+    missing = missing_adapter_files(folder)
     if missing:
         raise SpecDecError(
             f"{folder} is not a SPACE adapter (missing {', '.join(missing)}); pass a folder written by "
