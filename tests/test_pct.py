@@ -158,6 +158,8 @@ def test_edd_tree_step_matches_chain_computation(target_and_edd):
     from hf_specdec.edd.tree_proposer import EddTreeExpander
 
     target, edd = target_and_edd
+    if edd.target is not target:
+        edd.attach_target(target)
     ids = torch.randint(3, 90, (1, 7))
     with torch.no_grad():
         h = target.base_model(ids[:, :-1], output_hidden_states=True).hidden_states[edd.config.encoder_layer]
@@ -258,3 +260,36 @@ def test_tree_replay_bad_arguments_fail_before_loading(monkeypatch, capsys, argv
     monkeypatch.setattr(hf_specdec.target, "load_target", no_loading)
     assert main(["tree-replay", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_level_mask_lets_each_node_see_the_prefix_root_fed_ancestors_and_itself(target_and_edd):
+    """EddDraftState.level_mask (one gather per level) against a walk up the tree per node, on random trees fed
+    in random groups of frontier nodes."""
+    import random
+
+    from hf_specdec.edd.draft_state import EddDraftState
+
+    rng = random.Random(5)
+    for _ in range(20):
+        tree = GrownTree()
+        for i in range(rng.randint(1, 30)):
+            tree.add(rng.randint(3, 90), rng.randint(ROOT, i - 1), 0.5)
+        state = EddDraftState(target_and_edd[1])
+        state.n_prefix = n_prefix = rng.randint(0, 5)
+        fed, todo = [], list(range(len(tree)))
+        while todo:
+            ready = [n for n in todo if tree.parents[n] == ROOT or tree.parents[n] in fed]
+            nodes = rng.sample(ready, rng.randint(1, len(ready)))
+            mask = state.level_mask(nodes, tree)
+            cache = n_prefix + 1 + len(fed)
+            expected = torch.zeros(len(nodes), cache + len(nodes), dtype=torch.bool)
+            expected[:, : n_prefix + 1] = True
+            for row, node in enumerate(nodes):
+                expected[row, cache + row] = True
+                parent = tree.parents[node]
+                while parent != ROOT:
+                    expected[row, n_prefix + 1 + fed.index(parent)] = True
+                    parent = tree.parents[parent]
+            assert torch.equal(mask, expected)
+            fed += nodes
+            todo = [n for n in todo if n not in nodes]

@@ -51,6 +51,17 @@ def test_chain_is_causal():
     assert torch.equal(tree.ancestor_mask(), torch.ones(4, 4, dtype=torch.bool).tril())
 
 
+def test_ancestor_mask_of_random_trees_matches_their_paths():
+    rng = random.Random(3)
+    for n in (1, 2, 9, 40):
+        tree = random_tree(rng, n)
+        expected = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        expected[:, 0] = True
+        for node in range(n):
+            expected[node + 1, [k + 1 for k in tree.path(node)]] = True
+        assert torch.equal(tree.ancestor_mask(), expected), n
+
+
 def test_empty_tree():
     tree = TokenTree.empty()
     assert len(tree) == 0 and tree.max_depth == 0

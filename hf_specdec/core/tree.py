@@ -140,11 +140,16 @@ class TokenTree:
     def ancestor_mask(self) -> torch.Tensor:
         """``(1 + n, 1 + n)`` boolean: entry ``[i, j]`` is True iff fed token ``j`` is ``i`` or an ancestor of it
         (index 0 is the root, node ``k`` is index ``k + 1``)."""
-        n = len(self)
-        mask = torch.eye(n + 1, dtype=torch.bool, device=self.tokens.device)
+        n, device = len(self), self.tokens.device
+        mask = torch.eye(n + 1, dtype=torch.bool, device=device)
         mask[:, 0] = True
-        for i, p in enumerate(self.parents.tolist()):  # parents come first: copy the parent's row
-            mask[i + 1] |= mask[p + 1]
+        # one step up the tree per depth level (not per node): up[i] is the parent of fed token i, the root its own
+        up = torch.cat([torch.zeros(1, dtype=torch.long, device=device), self.parents + 1])
+        rows = torch.arange(n + 1, device=device)
+        ancestor = rows
+        for _ in range(self.max_depth - 1):
+            ancestor = up[ancestor]
+            mask[rows, ancestor] = True
         return mask
 
     def attention_mask(self, prefix_length: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.tree import ROOT, additive_mask
+from ..core.tree import additive_mask
 from ..errors import SpecDecError
 from .pct import GrownTree
 
@@ -29,6 +29,10 @@ class EddDraftState:
         self.fed_nodes: list[
             int
         ] = []  # tree nodes in the round part of the cache, in cache order (after the root)
+        # ancestry[r, j]: fed node j is the node of row r or one of its ancestors; row 0 is the root (all False,
+        # the root is seen through the prefix block), fed node i has row fed_row[node] = i + 1
+        self.fed_row: dict[int, int] = {}
+        self.ancestry = torch.zeros(64, 64, dtype=torch.bool)
 
     @property
     def soft_prompt(self) -> bool:
@@ -62,7 +66,9 @@ class EddDraftState:
         )
         positions = torch.arange(self.n_prefix, length, device=device)[None]
         hidden = self.edd.decode(vecs, positions, self.cache)
-        self.n_prefix, self.pending, self.fed_nodes = length - 1, [], []
+        self.n_prefix, self.pending = length - 1, []
+        self.fed_nodes, self.fed_row = [], {}
+        self.ancestry[:] = False
         self.forwards += 1
         return hidden[:, -1]
 
@@ -74,26 +80,33 @@ class EddDraftState:
         self.forwards += 1
         return hidden[:, -1]
 
+    def level_mask(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
+        """Boolean ``(m, cache + m)`` mask of feeding ``nodes`` next: each sees the prefix, the root, its fed
+        ancestors and itself. A node's row is its parent's ancestry row plus itself: one gather per level, no
+        walk up the tree per node. Records the new nodes as fed."""
+        base, fed, m = self.n_prefix + 1, len(self.fed_nodes), len(nodes)
+        if fed + m + 1 > self.ancestry.shape[0]:  # grow the buffer (a round rarely feeds more than ~60 nodes)
+            grown = torch.zeros(2 * (fed + m + 1), 2 * (fed + m + 1), dtype=torch.bool)
+            grown[: fed + 1, :fed] = self.ancestry[: fed + 1, :fed]
+            self.ancestry = grown
+        parent_row = torch.tensor([self.fed_row.get(tree.parents[n], 0) for n in nodes], dtype=torch.long)
+        rows = self.ancestry[fed + 1 : fed + 1 + m]
+        rows[:, :fed] = self.ancestry[parent_row, :fed]
+        rows[:, fed : fed + m].fill_diagonal_(True)
+        self.fed_row.update({node: fed + 1 + i for i, node in enumerate(nodes)})
+        self.fed_nodes += nodes
+        mask = torch.ones(m, base + fed + m, dtype=torch.bool)
+        mask[:, base:] = rows[:, : fed + m]
+        return mask
+
     def tree_step(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
         """Feed the tokens of tree ``nodes`` (all children of already-fed nodes or of the root) in one forward,
         each seeing the prefix, the root, its fed ancestors and itself; returns their hidden states (m, D)."""
         device = self.edd.decoder.norm.weight.device
-        base = self.n_prefix + 1  # prefix + root
-        slot = {node: base + i for i, node in enumerate(self.fed_nodes)}
-        cache_len = base + len(self.fed_nodes)
-        m = len(nodes)
-        mask = torch.zeros(m, cache_len + m, dtype=torch.bool)
-        mask[:, :base] = True
-        for row, node in enumerate(nodes):
-            mask[row, cache_len + row] = True
-            parent = tree.parents[node]
-            while parent != ROOT:
-                mask[row, slot[parent]] = True
-                parent = tree.parents[parent]
+        mask = self.level_mask(nodes, tree)
         tokens = torch.tensor([[tree.tokens[n] for n in nodes]], device=device)
         positions = torch.tensor([[self.n_prefix + tree.depth[n] for n in nodes]], device=device)
         attn = additive_mask(mask.to(device), self.edd.dtype)[None, None]
         hidden = self.edd.decode(self.edd.embed(tokens), positions, self.cache, attention_mask=attn)
-        self.fed_nodes += nodes
         self.forwards += 1
         return hidden[0]
