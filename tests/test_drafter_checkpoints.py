@@ -68,3 +68,27 @@ def test_checkpoints_of_the_earlier_model_types_still_load(old_type, tmp_path):
     saved = json.loads((tmp_path / "new" / "config.json").read_text())
     assert saved["model_type"] == f"hf_specdec_{old_type}" and "target" not in saved
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "new", target=target)) is type(drafter)
+
+
+@pytest.mark.parametrize(
+    ("folder", "kind"),
+    [
+        ("edd-smollm2", "hf_specdec_edd"),
+        ("glide-smollm2", "hf_specdec_glide"),
+        ("vanilla-smollm2", "hf_specdec_glide"),
+    ],
+)
+def test_the_shipped_drafters_are_saved_under_the_namespaced_types(folder, kind):
+    """The packaged checkpoints load as current configs, not through the legacy shims (which make transformers warn
+    'a model of type edd to instantiate a model of type hf_specdec_edd' on every bench and demo)."""
+    from importlib.resources import files
+
+    path = files("hf_specdec") / "resources" / folder
+    raw = json.loads((path / "config.json").read_text())
+    assert (
+        raw["model_type"] == kind
+        and "target" not in raw
+        and raw["target_info"]["name"] == "SmolLM2-135M-Instruct"
+    )
+    config = AutoConfig.from_pretrained(str(path))
+    assert type(config) is {"hf_specdec_edd": EddConfig, "hf_specdec_glide": GlideConfig}[kind]
