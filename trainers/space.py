@@ -147,6 +147,9 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
     ]
     if info.get("command"):
         footer += ["", f"Made by: `{info['command']}`"]
+    # how the run went, where the command alone does not say (an interrupted, resumed run)
+    if info.get("note"):
+        footer += ["", info["note"]]
     data = ModelCardData(
         # a merged model is a plain causal LM (the Hub's transformers snippet loads it as is); an adapter is peft's
         library_name="peft" if adapter else "transformers",
