@@ -30,13 +30,24 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, with its family and model numbers where ``/proc/cpuinfo`` gives them.
+
+    A virtual machine often names only the brand (``AMD EPYC``), which is the same string for a Zen 4 and a Zen 5
+    part whose forwards cost differently; ``AMD EPYC (family 26, model 2)`` tells them apart.
+    """
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def cpu_has_native_bf16(flags: set[str] | None = None) -> bool:
@@ -63,7 +74,7 @@ def describe_machine(device: torch.device | str | None = None) -> dict:
 
 
 def machine_line(info: dict) -> str:
-    """One line for reports: ``AMD EPYC, 2 threads, no native bf16`` (plus the GPU where there is one)."""
+    """One line for reports: ``AMD EPYC (family 25, model 1), 2 threads, no native bf16`` (plus the GPU where there is one)."""
     bf16 = (
         "native bf16 (" + ", ".join(info["cpu_bf16_flags"]) + ")"
         if info["cpu_native_bf16"]

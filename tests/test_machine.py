@@ -26,6 +26,14 @@ def test_cpu_check_reads_the_native_bf16_flags():
     assert cpu_flags("no flags line here") == set()
 
 
+def test_cpu_model_tells_apart_parts_that_share_a_brand_name():
+    zen = "processor\t: 0\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\nflags\t\t: avx2\n"
+    second_cpu = "\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 9\nmodel name\t: other\n"
+    assert cpu_model(zen.format(25, 17)) == "AMD EPYC (family 25, model 17)"
+    assert cpu_model(zen.format(26, 2) + second_cpu) == "AMD EPYC (family 26, model 2)"
+    assert cpu_model(zen.format(25, 17)) != cpu_model(zen.format(26, 2))
+
+
 def test_dtype_auto_picks_bf16_only_where_native():
     assert resolve_auto_dtype("auto", "cpu", cpu_flags(AVX2_ONLY)) == "fp32"
     assert resolve_auto_dtype("auto", "cpu", cpu_flags(SAPPHIRE)) == "bf16"
