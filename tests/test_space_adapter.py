@@ -89,6 +89,26 @@ def test_adapter_refuses_another_base_and_broken_folders(tmp_path):
         load_space_model("fp32", tmp_path / "b" / "adapter", base=other)
 
 
+def test_the_card_sets_the_masks_per_step_decoding_uses(tmp_path):
+    """``decode_masks`` on an adapter's card becomes the model's decoding default (explicit ``num_masks`` wins);
+    without it SPACE feeds all k trained masks; a value outside 1..k is refused at load."""
+    from hf_specdec.space.decoding import _space_config
+
+    base, adapter, _ = _base_and_adapter(tmp_path)
+    model, _ = load_space_model("fp32", adapter, base=base)
+    assert getattr(model.config, "space_num_masks", None) is None and _space_config(model, None, None)[0] == 3
+    card_path = adapter / "space_training.json"
+    card = json.loads(card_path.read_text())
+    card_path.write_text(json.dumps(dict(card, decode_masks=2)))
+    model, _ = load_space_model("fp32", adapter, base=base)
+    assert model.config.space_num_masks == 2 and _space_config(model, None, None)[0] == 2
+    assert _space_config(model, 3, None)[0] == 3
+    for bad in (0, 4, "1"):
+        card_path.write_text(json.dumps(dict(card, decode_masks=bad)))
+        with pytest.raises(SpecDecError, match="decode_masks=.* from 1 to its trained k = 3"):
+            load_space_model("fp32", adapter, base=base)
+
+
 def test_bench_and_demo_default_to_the_packaged_adapter_for_space(tmp_path):
     assert model_for_methods(None, ["ar", "space"]) == str(SHIPPED_ADAPTER)
     assert model_for_methods(None, ["ar", "pld-plus-h"]) is None
@@ -110,6 +130,7 @@ def test_the_shipped_adapter_is_lossless_and_drafts(real_target):
     model, tok = load_space_model(dtype="fp32")
     card = json.loads((SHIPPED_ADAPTER / "space_training.json").read_text())
     assert model.config.space_k == card["k"] and model.config.space_mask_token_id == card["mask_token_id"]
+    assert model.config.space_num_masks == card["decode_masks"] == 1  # measured fastest (card, docs/space.md)
     for task in ("mt-bench", "code-edit"):
         ids = tok(load_task(task, tok, 1)[0]["prompt"], return_tensors="pt").input_ids
         kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False)

@@ -134,6 +134,8 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         ("eval loss", info.get("eval_loss", "-")),
         ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
     ]
+    if info.get("decode_masks") is not None:
+        rows.append(("masks per step when decoding (default)", info["decode_masks"]))
     footer = [
         "tau = tokens produced per model forward with auto-correct decoding "
         f"({info.get('tau_detail', 'not measured')}).",
@@ -147,6 +149,8 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
     ]
     if info.get("command"):
         footer += ["", f"Made by: `{info['command']}`"]
+    if info.get("decode_masks_detail"):
+        footer += ["", info["decode_masks_detail"]]
     # how the run went, where the command alone does not say (an interrupted, resumed run)
     if info.get("note"):
         footer += ["", info["note"]]

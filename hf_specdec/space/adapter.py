@@ -40,7 +40,8 @@ def load_space_model(dtype="auto", adapter=None, base=None):
     """``(model, tokenizer)`` in ``dtype`` (``"auto"``: bf16 only where the CPU runs it natively, as
     ``load_default_target``): ``base`` (default: the embedded default target) with the ``[M]`` token added as in
     training and the SAR-SFT LoRA ``adapter`` (default: the shipped one) merged into it. The result is a plain causal
-    LM whose config carries ``space_mask_token_id`` / ``space_k``: decode it with ``custom_generate=hf_specdec.space``,
+    LM whose config carries ``space_mask_token_id`` / ``space_k`` (and ``space_num_masks``, the masks per step to
+    decode with, where the card measured one): decode it with ``custom_generate=hf_specdec.space``,
     and its plain greedy ``generate`` is the reference SPACE reproduces."""
     folder = Path(adapter) if adapter is not None else SHIPPED_ADAPTER
     missing = missing_adapter_files(folder)
@@ -63,6 +64,14 @@ def load_space_model(dtype="auto", adapter=None, base=None):
 
     model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
     model.config.use_cache = True
+    if info.get("decode_masks") is not None:  # the masks per step that measured fastest (the card says how)
+        n = info["decode_masks"]
+        if not isinstance(n, int) or not 1 <= n <= int(info["k"]):
+            raise SpecDecError(
+                f"the SPACE adapter {folder} has decode_masks={n!r} in {CARD_JSON}; it must be a whole number "
+                f"from 1 to its trained k = {info['k']} (or absent: decode with all k masks)"
+            )
+        model.config.space_num_masks = n
     model.eval()
     return model, tokenizer
 

@@ -25,7 +25,9 @@ A model fine-tuned with SAR-SFT (``hf-specdec train space``) predicts, at a grou
 
 Paper names: ``k`` = number of masks (= candidates per step), ``tau`` = tokens per forward ("average
 accepted tokens" in the paper, bonus counted). With ``num_masks < k`` only the first masks of each group
-are fed (a mask sees only earlier masks of its group, so a shorter group is still exact): a cheaper step.
+are fed (a mask sees only earlier masks of its group, so a shorter group is still exact): a cheaper step. A
+step feeds ``1 + n(n+2)`` tokens for ``n`` masks (36 at n = 5, 4 at n = 1); where later masks are rarely accepted
+the cheaper step wins, which is why the shipped adapter decodes with ``space_num_masks = 1`` (docs/space.md).
 
 Use ``model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`` (``hf_specdec.space`` is
 :func:`space_generate`).
@@ -87,7 +89,9 @@ def positions(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ Alg. 1
 def _space_config(model, num_masks: int | None, mask_token_id: int | None) -> tuple[int, int]:
-    k_trained = getattr(model.config, "space_k", None)
+    """``(masks per group, mask token id)``: ``num_masks`` if given, else the model's measured decoding default
+    ``config.space_num_masks`` (a shipped adapter's card sets it, ``load_space_model``), else the trained ``k``."""
+    k_trained = getattr(model.config, "space_num_masks", None) or getattr(model.config, "space_k", None)
     mask_id = (
         mask_token_id if mask_token_id is not None else getattr(model.config, "space_mask_token_id", None)
     )
@@ -119,7 +123,7 @@ def space_generate(
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """``custom_generate`` loop of SPACE auto-correct decoding (Alg. 1), batch size 1.
 
-    ``num_masks`` (default ``config.space_k``) masks per group; ``mask_token_id`` defaults to
+    ``num_masks`` (default ``config.space_num_masks``, else ``config.space_k``) masks per group; ``mask_token_id`` defaults to
     ``config.space_mask_token_id``. ``stats`` (a ``DecodeStats``) is filled with forwards / drafted /
     accepted counts. Greedy or sampling follows ``generation_config.do_sample``; processors (temperature,
     top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
