@@ -18,15 +18,26 @@ import torch
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` line; empty where there is none, e.g. macOS)."""
+def _cpuinfo_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """The first processor's ``key: value`` fields of ``/proc/cpuinfo`` (or of ``cpuinfo``); empty where there is no
+    such file, e.g. macOS."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` line; empty where there is none, e.g. macOS)."""
+    return set(_cpuinfo_fields(cpuinfo).get("flags", "").split())
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -35,15 +46,7 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     A virtual machine often names only the brand (``AMD EPYC``), which is the same string for a Zen 4 and a Zen 5
     part whose forwards cost differently; ``AMD EPYC (family 26, model 2)`` tells them apart.
     """
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            break  # the first processor's block is enough
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    fields = _cpuinfo_fields(cpuinfo)
     name = fields.get("model name") or platform.processor() or platform.machine()
     if fields.get("cpu family") and fields.get("model"):
         name += f" (family {fields['cpu family']}, model {fields['model']})"

@@ -103,7 +103,7 @@ def test_the_card_sets_the_masks_per_step_decoding_uses(tmp_path):
     model, _ = load_space_model("fp32", adapter, base=base)
     assert model.config.space_num_masks == 2 and _space_config(model, None, None)[0] == 2
     assert _space_config(model, 3, None)[0] == 3
-    for bad in (0, 4, "1"):
+    for bad in (0, 4, "1", True):
         card_path.write_text(json.dumps(dict(card, decode_masks=bad)))
         with pytest.raises(SpecDecError, match="decode_masks=.* from 1 to its trained k = 3"):
             load_space_model("fp32", adapter, base=base)

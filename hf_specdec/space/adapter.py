@@ -66,7 +66,7 @@ def load_space_model(dtype="auto", adapter=None, base=None):
     model.config.use_cache = True
     if info.get("decode_masks") is not None:  # the masks per step that measured fastest (the card says how)
         n = info["decode_masks"]
-        if not isinstance(n, int) or not 1 <= n <= int(info["k"]):
+        if type(n) is not int or not 1 <= n <= int(info["k"]):  # JSON true is a bool, not a mask count
             raise SpecDecError(
                 f"the SPACE adapter {folder} has decode_masks={n!r} in {CARD_JSON}; it must be a whole number "
                 f"from 1 to its trained k = {info['k']} (or absent: decode with all k masks)"

@@ -91,16 +91,16 @@ def positions(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
 def _space_config(model, num_masks: int | None, mask_token_id: int | None) -> tuple[int, int]:
     """``(masks per group, mask token id)``: ``num_masks`` if given, else the model's measured decoding default
     ``config.space_num_masks`` (a shipped adapter's card sets it, ``load_space_model``), else the trained ``k``."""
-    k_trained = getattr(model.config, "space_num_masks", None) or getattr(model.config, "space_k", None)
+    k_default = getattr(model.config, "space_num_masks", None) or getattr(model.config, "space_k", None)
     mask_id = (
         mask_token_id if mask_token_id is not None else getattr(model.config, "space_mask_token_id", None)
     )
-    if mask_id is None or (num_masks is None and k_trained is None):
+    if mask_id is None or (num_masks is None and k_default is None):
         raise SpecDecError(
             "this model was not trained for SPACE (config has no space_mask_token_id / space_k); "
             "fine-tune it with `hf-specdec train space` or pass mask_token_id= and num_masks="
         )
-    k = int(num_masks if num_masks is not None else k_trained)
+    k = int(num_masks if num_masks is not None else k_default)
     if k < 1:
         raise SpecDecError(f"num_masks must be at least 1 (got {k})")
     return k, int(mask_id)
