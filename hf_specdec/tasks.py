@@ -83,6 +83,14 @@ def sharegpt_conversations(split: str = "train", validation_fraction: float = 0.
     The train/validation split is a stable hash of the conversation id. Conversations are cut at the
     first message of an unknown role, and yielded only if they hold a user turn and an assistant turn.
     """
+    for _, messages in sharegpt_items(split, validation_fraction):
+        yield messages
+
+
+def sharegpt_items(
+    split: str = "train", validation_fraction: float = 0.02
+) -> Iterator[tuple[str, list[dict]]]:
+    """:func:`sharegpt_conversations` with each conversation's ShareGPT id: ``(id, messages)``."""
     if split not in ("train", "validation"):
         raise SpecDecError(f"unknown split {split!r}; use 'train' or 'validation'")
     for record in sharegpt_records():
@@ -96,7 +104,7 @@ def sharegpt_conversations(split: str = "train", validation_fraction: float = 0.
             messages.append({"role": role, "content": turn["value"]})
         roles = {m["role"] for m in messages}
         if "user" in roles and "assistant" in roles:
-            yield messages
+            yield record["id"], messages
 
 
 @functools.lru_cache(maxsize=1)
