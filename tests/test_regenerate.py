@@ -114,8 +114,9 @@ def test_sampling_records_the_targets_settings_and_resumes_identically(tiny_targ
 
 
 def test_measure_times_each_method_and_batch_size(tiny_target):
-    from hf_specdec.target import load_target
     from hf_specdec.trainers.regenerate import measure
+
+    from hf_specdec.target import load_target
 
     model, tok = load_target(str(tiny_target), "fp32")
     rows = measure(model, tok, [("ar", 2), ("pld-plus-h", 2)], prompts=3, max_new_tokens=4)
