@@ -16,6 +16,11 @@ Entries:
   ``_get_candidate_generator`` with it for the duration of the call), and hf_specdec wraps it (``core/assisted.py``)
   so that a batch with a GLIDE/EDD drafter as ``assistant_model`` runs the batched tree loop instead of
   transformers' "batch_size = 1" error; the wrapper reads the parameters in :data:`ASSISTED_DECODING_PARAMETERS`.
+- ``generation_mode_hook``: ``GenerationMixin._validate_generation_mode``, the check ``generate`` runs on every call
+  once it knows the generation mode, before preparing anything. hf_specdec wraps it (``core/assisted.py``) so that
+  ``generate(assistant_model=<an hf_specdec drafter>, num_beams=2, ...)`` is refused by name
+  (``generate_io.check_generation_mode``) instead of running beam search without the drafter; the wrapper reads the
+  parameters in :data:`VALIDATE_GENERATION_MODE_PARAMETERS`.
 - ``attn_implementation``: ``config._attn_implementation``, the attention implementation a model runs (5.23 has
   a public setter, ``set_attn_implementation``, but no public getter).
 - ``cache_layers``: the fields of ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` that compacting a cache to an
@@ -38,6 +43,7 @@ from .errors import SpecDecError
 ENTRIES = (
     "candidate_generator_hook",
     "assisted_decoding",
+    "generation_mode_hook",
     "attn_implementation",
     "cache_layers",
     "llama_modules",
@@ -55,7 +61,10 @@ __all__ = [
     "attn_implementation",
     "candidate_generator_arguments",
     "candidate_generator_hook",
+    "generation_mode_arguments",
+    "generation_mode_hook",
     "set_assisted_decoding_hook",
+    "set_generation_mode_hook",
     "set_candidate_generator_hook",
     "set_layer_entries",
 ]
@@ -140,6 +149,29 @@ def assisted_decoding(model, generator, *args, **kwargs):
         return model._assisted_decoding(*args, **kwargs)
     finally:
         del model._get_candidate_generator
+
+
+# ------------------------------------------------------------------ generation_mode_hook
+ORIGINAL_VALIDATE_GENERATION_MODE = GenerationMixin._validate_generation_mode
+# the parameters (after self) the wrapper reads; the call is passed through to the original unchanged
+VALIDATE_GENERATION_MODE_PARAMETERS = ("generation_mode", "generation_config", "generation_mode_kwargs")
+
+
+def generation_mode_hook():
+    """The method ``generate`` calls to validate its generation mode (whatever is installed now)."""
+    return GenerationMixin._validate_generation_mode
+
+
+def set_generation_mode_hook(hook) -> None:
+    """Install ``hook(self, *args, **kwargs)`` as ``GenerationMixin._validate_generation_mode``."""
+    GenerationMixin._validate_generation_mode = hook
+
+
+def generation_mode_arguments(model, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name, bound to transformers' own signature (defaults filled in)."""
+    bound = inspect.signature(ORIGINAL_VALIDATE_GENERATION_MODE).bind(model, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
 
 
 # ------------------------------------------------------------------ attn_implementation

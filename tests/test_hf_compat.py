@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # transformers' private names hf_specdec has used; only hf_compat.py may name them
 PRIVATE = re.compile(
     r"\._(get_candidate_generator|assisted_decoding|attn_implementation|global_mapping|eos_token_tensor"
-    r"|supports_logits_to_keep|prepare_inputs)\b|models\.llama\.modeling_llama"
+    r"|supports_logits_to_keep|prepare_inputs|validate_generation_mode)\b|models\.llama\.modeling_llama"
 )
 
 
@@ -126,6 +126,30 @@ def test_assisted_decoding(monkeypatch):
     )
     assert proposed, f"{_entry('assisted_decoding')}: the loop did not use the generator PLD+ handed it"
     assert "_get_candidate_generator" not in vars(model)
+
+
+def test_generation_mode_hook(monkeypatch):
+    """``_validate_generation_mode`` takes the parameters the wrapper reads, generate still runs it (once) with the
+    call's config and the assistant, and the wrapper passes every other call through (a plain beam search runs)."""
+    params = list(inspect.signature(hf_compat.ORIGINAL_VALIDATE_GENERATION_MODE).parameters)
+    missing = [p for p in hf_compat.VALIDATE_GENERATION_MODE_PARAMETERS if p not in params]
+    assert not missing, f"{_entry('generation_mode_hook')}: parameters {missing} are gone ({params})"
+    assert assisted.installed(), _entry("generation_mode_hook") + ": the hook is not installed"
+    calls = []
+
+    def spy(self, *args, **kwargs):
+        arguments = hf_compat.generation_mode_arguments(self, args, kwargs)
+        calls.append((arguments["generation_config"].num_beams, arguments["generation_mode_kwargs"]))
+        return assisted._validate_generation_mode(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "_validate_generation_mode", spy)
+    target, ids = tiny_llama(), torch.tensor([[1, 5, 6, 7]])
+    glide = _glide(target)
+    with pytest.raises(SpecDecError, match="assistant_model=GlideForCausalLM does not implement beam search"):
+        target.generate(ids, max_new_tokens=2, num_beams=2, assistant_model=glide)
+    assert len(calls) == 1, f"{_entry('generation_mode_hook')}: generate ran it {len(calls)} times"
+    assert calls[0][0] == 2 and calls[0][1].get("assistant_model") is glide, _entry("generation_mode_hook")
+    assert target.generate(ids, max_new_tokens=2, num_beams=2, do_sample=False).shape == (1, 6)
 
 
 def test_attn_implementation():

@@ -32,6 +32,11 @@ sampling follows the target's distribution per row. Batch-1-only features (strea
 ``output_logits`` / hidden states / attentions) are errors at batch > 1 (``batch_decoding.py``). ``generate``
 rejects unknown keywords such as ``stats=``, so the batched loop's ``DecodeStats`` is collected with
 :func:`batch_stats` instead.
+
+**Generation modes** (issue #31). With beam search (or DoLa, contrastive search...) transformers does not run the
+assisted loop at all: it warns and decodes without the assistant. ``install()`` also wraps the mode check ``generate``
+runs first (``hf_compat.generation_mode_hook``): with an hf_specdec drafter as ``assistant_model``, a mode the
+drafters do not implement is a ``SpecDecError`` naming the option (``generate_io.check_generation_mode``).
 """
 
 from __future__ import annotations
@@ -47,15 +52,19 @@ from ..hf_compat import (
     ASSISTED_DECODING_PARAMETERS,
     ORIGINAL_ASSISTED_DECODING,
     ORIGINAL_GET_CANDIDATE_GENERATOR,
+    ORIGINAL_VALIDATE_GENERATION_MODE,
     assisted_decoding,
     assisted_decoding_arguments,
     assisted_decoding_hook,
     candidate_generator_arguments,
     candidate_generator_hook,
+    generation_mode_arguments,
+    generation_mode_hook,
     set_assisted_decoding_hook,
     set_candidate_generator_hook,
+    set_generation_mode_hook,
 )
-from .generate_io import check_prompt
+from .generate_io import check_generation_mode, check_prompt
 from .stats import DecodeStats
 
 run_assisted_decoding = assisted_decoding
@@ -125,6 +134,17 @@ def _assisted_decoding(self, *args, **kwargs):
     )
 
 
+def _validate_generation_mode(self, *args, **kwargs):
+    """transformers' generation-mode check, after refusing a mode no hf_specdec drafter implements when the
+    ``assistant_model`` is one (``generate_io.check_generation_mode``): transformers would otherwise run beam
+    search (or DoLa...) and ignore the drafter. Every other call goes to transformers unchanged."""
+    arguments = generation_mode_arguments(self, args, kwargs)
+    assistant = (arguments.get("generation_mode_kwargs") or {}).get("assistant_model")
+    if callable(getattr(assistant, "make_candidate_generator", None)):
+        check_generation_mode(arguments["generation_config"], f"assistant_model={type(assistant).__name__}")
+    return ORIGINAL_VALIDATE_GENERATION_MODE(self, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def batch_stats(stats: DecodeStats | None = None) -> Iterator[DecodeStats]:
     """The ``DecodeStats`` of the batched ``generate(assistant_model=drafter)`` calls made inside the block (``generate``
@@ -143,13 +163,17 @@ def batch_stats(stats: DecodeStats | None = None) -> Iterator[DecodeStats]:
 
 
 def install() -> None:
-    """Route assistants with ``make_candidate_generator`` to their own generator, and a batch with an assistant that
-    has ``make_tree_proposer`` to the batched tree loop (idempotent)."""
+    """Route assistants with ``make_candidate_generator`` to their own generator, a batch with an assistant that
+    has ``make_tree_proposer`` to the batched tree loop, and refuse generation modes such assistants do not
+    implement (idempotent)."""
     set_candidate_generator_hook(_select_candidate_generator)
     set_assisted_decoding_hook(_assisted_decoding)
+    set_generation_mode_hook(_validate_generation_mode)
 
 
 def installed() -> bool:
-    return candidate_generator_hook() is _select_candidate_generator and (
-        assisted_decoding_hook() is _assisted_decoding
+    return (
+        candidate_generator_hook() is _select_candidate_generator
+        and assisted_decoding_hook() is _assisted_decoding
+        and generation_mode_hook() is _validate_generation_mode
     )

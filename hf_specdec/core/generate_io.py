@@ -10,6 +10,11 @@ callable (it only puts the prompt into it), so every hf_specdec method takes its
 ``specdec_streamer=``: the prompt is put into it first, then every emitted token, then ``end()``, as ``generate``
 does with its own. The older per-method keywords (``tree_streamer=``, ``pld_streamer=``) still work and raise a
 ``FutureWarning`` naming ``specdec_streamer``.
+
+**Generation modes.** Every method is greedy or sampling decoding, one sequence per prompt, made faster: no loop
+implements beam search (of any kind), contrastive search, DoLa, classifier-free guidance or several sequences per
+prompt. :func:`check_generation_mode` refuses them by name (transformers would hand a ``custom_generate`` loop the
+expanded beams as a batch, and ignore an ``assistant_model`` for beam search); every entry point calls it first.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, GenerationConfig, StoppingCriteriaList
 from transformers.cache_utils import Cache
-from transformers.generation import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation import EosTokenCriteria, GenerationMode, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
@@ -33,6 +38,41 @@ from .timing import clock
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D attention mask
 NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
 STREAMER_KEYWORD = "specdec_streamer"
+# GenerationConfig options no loop implements: (option, when it is on, the mode it asks for)
+UNSUPPORTED_OPTIONS = (
+    ("num_beams", lambda v: v > 1, "beam search"),
+    ("num_beam_groups", lambda v: v > 1, "group beam search"),
+    ("diversity_penalty", lambda v: v != 0, "group beam search"),
+    ("constraints", bool, "constrained beam search"),
+    ("force_words_ids", bool, "constrained beam search"),
+    ("penalty_alpha", lambda v: v > 0, "contrastive search"),
+    ("dola_layers", lambda v: True, "DoLa decoding"),
+    ("num_return_sequences", lambda v: v > 1, "several sequences per prompt"),
+    ("guidance_scale", lambda v: v != 1, "classifier-free guidance"),
+)
+IMPLEMENTED_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.ASSISTED_GENERATION)
+
+
+def check_generation_mode(generation_config: GenerationConfig | None, name: str) -> None:
+    """Every entry point's generation-mode check (``name`` says which; module docstring): greedy or sampling, one
+    sequence per prompt. Any option of :data:`UNSUPPORTED_OPTIONS` that is on, or any other mode
+    ``GenerationConfig.get_generation_mode`` names, is a ``SpecDecError`` naming the option and what to do."""
+    if generation_config is None:
+        return
+    for option, is_on, mode in UNSUPPORTED_OPTIONS:
+        value = getattr(generation_config, option, None)
+        if value is not None and is_on(value):
+            raise SpecDecError(
+                f"{name} does not implement {mode} ({option}={value!r}): drop {option}; speculative decoding "
+                "here is greedy (do_sample=False) or sampling (do_sample=True) with one sequence per prompt, and "
+                "its output is what plain generate gives in that mode"
+            )
+    mode = generation_config.get_generation_mode()
+    if mode not in IMPLEMENTED_MODES:
+        raise SpecDecError(
+            f"{name} does not implement the generation mode {mode.value!r}; use greedy (do_sample=False) or "
+            "sampling (do_sample=True) with num_beams=1 and one sequence per prompt"
+        )
 
 
 def check_prompt(input_ids: torch.Tensor, name: str, batch: bool = False) -> None:
@@ -97,7 +137,7 @@ def eos_token_ids(generation_config: GenerationConfig) -> list[int]:
     """The EOS ids of a generation: the config's ``eos_token_id`` (an id, a list or a tensor; ``generate`` resolves
     it on the config it passes, from its arguments and the model's generation config); empty when there are none."""
     eos = generation_config.eos_token_id
-    return [] if eos is None else [int(t) for t in torch.as_tensor(eos).flatten().tolist()]
+    return [] if eos is None else [int(t) for t in torch.as_tensor(eos, device="cpu").flatten().tolist()]
 
 
 def prepare_cache(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[Cache, int]:

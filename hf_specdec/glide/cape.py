@@ -52,7 +52,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ..core.chain_drafting import chain_length
-from ..core.generate_io import check_prompt, eos_token_ids, first_row
+from ..core.generate_io import check_generation_mode, check_prompt, eos_token_ids, first_row
 from ..core.stats import DecodeStats
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
@@ -280,6 +280,9 @@ def glide_cape(
             "glide_cape needs a GLIDE drafter: target.generate(..., custom_generate=hf_specdec.glide_cape, "
             "drafter=GlideForCausalLM.from_pretrained(path, target=target))"
         )
+    check_generation_mode(
+        generation_config or model.generation_config, "custom_generate=hf_specdec.glide_cape"
+    )
     check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
     rows = input_ids.shape[0]  # a batch's rows share each verification forward (trim_by_cost)
     proposer = CapeProposer(

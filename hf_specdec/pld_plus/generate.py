@@ -13,7 +13,13 @@ from pathlib import Path
 import torch
 
 from ..core.assisted import run_assisted_decoding
-from ..core.generate_io import check_prompt, eos_token_ids, first_row, resolve_streamer
+from ..core.generate_io import (
+    check_generation_mode,
+    check_prompt,
+    eos_token_ids,
+    first_row,
+    resolve_streamer,
+)
 from ..core.stats import DecodeStats
 from ..core.tree_decoding import tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
@@ -34,7 +40,10 @@ def _heads_for(model, heads_file: str | Path | None, top_heads: int | None) -> d
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
-    return {layer: torch.tensor(sorted(hs), dtype=torch.long) for layer, hs in by_layer.items()}
+    return {
+        layer: torch.tensor(sorted(hs), dtype=torch.long, device=model.device)
+        for layer, hs in by_layer.items()
+    }
 
 
 def pld_plus(
@@ -95,6 +104,7 @@ def pld_plus(
     variant = VARIANTS.get(str(pld_variant).lower())
     if variant is None:
         raise SpecDecError(f"pld_variant must be 'hidden' or 'attention', got {pld_variant!r}")
+    check_generation_mode(generation_config or model.generation_config, "custom_generate=hf_specdec.pld_plus")
     check_prompt(input_ids, "custom_generate=hf_specdec.pld_plus", batch=True)
     if pld_priors is not None and len(tuple(pld_priors)) != 3:
         raise SpecDecError(

@@ -44,6 +44,7 @@ from ..core.generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
     append_tokens,
+    check_generation_mode,
     check_inputs,
     finish,
     logits_to_keep,
@@ -130,6 +131,7 @@ def space_generate(
     ``specdec_streamer``: a streamer fed the prompt, then every emitted token (``core/generate_io.py``).
     """
     t_start = clock(input_ids.device)
+    check_generation_mode(generation_config or model.generation_config, "SPACE decoding")
     check_inputs(model, input_ids, model_kwargs, synced_gpus, "SPACE decoding")
     k, mask_id = _space_config(model, num_masks, mask_token_id)
     cfg = generation_config or model.generation_config
@@ -175,7 +177,10 @@ def space_generate(
 
         # Verify c_1..c_c (row (i-1)(k+1) scores c_i), then one token of the model's own: the chain c_1 -> c_2 ...
         # through the tree core's acceptance, with q = P_c when sampling.
-        chain = TokenTree.from_chain(cands[:c], torch.stack(cand_probs[:c]) if do_sample and c else None)
+        chain = TokenTree.from_chain(
+            torch.tensor(cands[:c], dtype=torch.long, device=device),
+            torch.stack(cand_probs[:c]) if do_sample and c else None,
+        )
         acc = accept_tree(chain, logits[:: k + 1][: c + 1], input_ids, logits_processor, do_sample, gen)
         tokens, n_acc = acc.tokens, len(acc.nodes)
         row = n_acc * (k + 1)  # the row of the last accepted real token
