@@ -88,13 +88,15 @@ class TargetAttachedMixin:
         """Call in ``__init__``: the ``draft_vocab_ids`` buffer when ``config.draft_vocab_size`` is set."""
         size = getattr(self.config, "draft_vocab_size", None)
         if size:
+            # device: __init__ builds the module on the default device; .to(...) moves buffers with it
             self.register_buffer("draft_vocab_ids", torch.arange(size), persistent=True)
         else:
             self.draft_vocab_ids = None
 
     def set_draft_vocab(self, token_ids) -> None:
         """Keep only the LM-head rows of ``token_ids`` (any order, no repeats); works on a trained drafter too."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+        device = next(self.parameters()).device
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=device).flatten().sort().values
         vocab = self.config.vocab_size
         if len(ids) == 0 or len(ids) > vocab or bool((ids[1:] == ids[:-1]).any()):
             raise SpecDecError(f"a draft vocabulary needs 1..{vocab} distinct token ids, got {len(ids)} ids")
@@ -104,8 +106,7 @@ class TargetAttachedMixin:
             )
         self.config.draft_vocab_size = len(ids)
         self.__dict__.pop("draft_vocab_ids", None)
-        device = next(self.parameters()).device
-        self.register_buffer("draft_vocab_ids", ids.to(device), persistent=True)
+        self.register_buffer("draft_vocab_ids", ids, persistent=True)
         if self.target is not None:
             self.attach_target(self.target)
 

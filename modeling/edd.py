@@ -236,7 +236,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         if not self.training:
             return self.config.eval_block_length
         lo, hi = self.config.block_min, self.config.block_max
-        return int(torch.randint(lo, hi + 1, ()).item())
+        return int(torch.randint(lo, hi + 1, (), device="cpu").item())  # a host-side draw, read back at once
 
     def round_length(self) -> int:
         """Draft positions per round in validation (the eval block length): ``DrafterTrainer`` reports the top-1

@@ -54,9 +54,13 @@ def compare_outputs(
             False, False, d, None, f"token {d} differs ({output[d]} vs reference {reference[d]}) in fp32"
         )
     prefix = torch.cat(
-        [prompt_ids.reshape(1, -1).cpu(), torch.tensor([reference[:d]], dtype=torch.long)], dim=1
+        [
+            prompt_ids.reshape(1, -1).to(model.device),
+            torch.tensor([reference[:d]], dtype=torch.long, device=model.device),
+        ],
+        dim=1,
     )
-    logits = model(input_ids=prefix.to(model.device)).logits[0, -1].float()
+    logits = model(input_ids=prefix).logits[0, -1].float()
     top = logits.max().item()
     gap = max(top - logits[reference[d]].item(), top - logits[output[d]].item())
     if gap <= tie_tol:

@@ -59,9 +59,17 @@ class NGramTreeProposer(TreeProposer):
                     index[(parent, token)] = len(index)
                 parent = index[(parent, token)]
         if max_depth >= 1:
-            for token in torch.randint(self.vocab_size, (self.random_siblings,), generator=self.rng).tolist():
+            draws = torch.randint(
+                self.vocab_size, (self.random_siblings,), generator=self.rng, device=self.rng.device
+            )
+            for token in draws.tolist():
                 if (ROOT, token) not in index and len(index) < self.max_nodes:
                     index[(ROOT, token)] = len(index)
         if not index:
             return TokenTree.empty(input_ids.device)
-        return TokenTree.from_additions(index)  # dicts keep insertion order: parents come first
+        # dicts keep insertion order, so parents come first; the tree is built on the input's device (the loop's)
+        device = input_ids.device
+        return TokenTree(
+            torch.tensor([token for _, token in index], dtype=torch.long, device=device),
+            torch.tensor([parent for parent, _ in index], dtype=torch.long, device=device),
+        )

@@ -32,7 +32,12 @@ class EddDraftState:
         # ancestry[r, j]: fed node j is the node of row r or one of its ancestors; row 0 is the root (all False,
         # the root is seen through the prefix block), fed node i has row fed_row[node] = i + 1
         self.fed_row: dict[int, int] = {}
-        self.ancestry = torch.zeros(64, 64, dtype=torch.bool)
+        self.ancestry = torch.zeros(64, 64, dtype=torch.bool, device=self.device)
+
+    @property
+    def device(self) -> torch.device:
+        """The drafter's device: where its cache, its masks and its inputs live."""
+        return self.edd.decoder.norm.weight.device
 
     @property
     def soft_prompt(self) -> bool:
@@ -60,7 +65,7 @@ class EddDraftState:
                 f"EDD soft prompt covers {self.known()} positions but {length - 1} tokens are verified; the target's "
                 "hidden states of some verified tokens were not passed to the drafter"
             )
-        device = self.edd.decoder.norm.weight.device
+        device = self.device
         vecs = torch.cat(
             [*(h.to(device) for h in self.pending), self.edd.embed(input_ids[:, -1:].to(device))], dim=1
         )
@@ -74,7 +79,7 @@ class EddDraftState:
 
     def chain_step(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """Feed one draft token (causal after the cache); returns the hidden state (1, D)."""
-        device = self.edd.decoder.norm.weight.device
+        device = self.device
         pos = torch.tensor([[position]], device=device)
         hidden = self.edd.decode(self.edd.embed(token.reshape(1, 1).to(device)), pos, self.cache)
         self.forwards += 1
@@ -86,27 +91,29 @@ class EddDraftState:
         walk up the tree per node. Records the new nodes as fed."""
         base, fed, m = self.n_prefix + 1, len(self.fed_nodes), len(nodes)
         if fed + m + 1 > self.ancestry.shape[0]:  # grow the buffer (a round rarely feeds more than ~60 nodes)
-            grown = torch.zeros(2 * (fed + m + 1), 2 * (fed + m + 1), dtype=torch.bool)
+            grown = torch.zeros(2 * (fed + m + 1), 2 * (fed + m + 1), dtype=torch.bool, device=self.device)
             grown[: fed + 1, :fed] = self.ancestry[: fed + 1, :fed]
             self.ancestry = grown
-        parent_row = torch.tensor([self.fed_row.get(tree.parents[n], 0) for n in nodes], dtype=torch.long)
+        parent_row = torch.tensor(
+            [self.fed_row.get(tree.parents[n], 0) for n in nodes], dtype=torch.long, device=self.device
+        )
         rows = self.ancestry[fed + 1 : fed + 1 + m]
         rows[:, :fed] = self.ancestry[parent_row, :fed]
         rows[:, fed : fed + m].fill_diagonal_(True)
         self.fed_row.update({node: fed + 1 + i for i, node in enumerate(nodes)})
         self.fed_nodes += nodes
-        mask = torch.ones(m, base + fed + m, dtype=torch.bool)
+        mask = torch.ones(m, base + fed + m, dtype=torch.bool, device=self.device)
         mask[:, base:] = rows[:, : fed + m]
         return mask
 
     def tree_step(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
         """Feed the tokens of tree ``nodes`` (all children of already-fed nodes or of the root) in one forward,
         each seeing the prefix, the root, its fed ancestors and itself; returns their hidden states (m, D)."""
-        device = self.edd.decoder.norm.weight.device
+        device = self.device
         mask = self.level_mask(nodes, tree)
         tokens = torch.tensor([[tree.tokens[n] for n in nodes]], device=device)
         positions = torch.tensor([[self.n_prefix + tree.depth[n] for n in nodes]], device=device)
-        attn = additive_mask(mask.to(device), self.edd.dtype)[None, None]
+        attn = additive_mask(mask, self.edd.dtype)[None, None]
         hidden = self.edd.decode(self.edd.embed(tokens), positions, self.cache, attention_mask=attn)
         self.forwards += 1
         return hidden[0]

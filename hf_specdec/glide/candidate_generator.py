@@ -39,7 +39,8 @@ class GlideDraftCache:
     def __init__(self, drafter):
         self.drafter = drafter
         self.cache = DynamicCache()
-        self.fed = torch.empty(0, dtype=torch.long)  # tokens whose keys/values are in self.cache
+        # tokens whose keys/values are in self.cache: a host copy, compared with input_ids on the CPU in sync
+        self.fed = torch.empty(0, dtype=torch.long, device="cpu")
         self.forwards = 0  # drafter forwards so far
 
     def sync(self, input_ids: torch.LongTensor) -> int:

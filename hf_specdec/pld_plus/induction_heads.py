@@ -35,8 +35,8 @@ def copy_sources(seq: torch.Tensor, start: int, max_overlap: int = 64) -> tuple[
     with the longest common suffix (ties: the latest), and that suffix length; ``r* = -1`` when the token does not
     occur before ``p``."""
     n = seq.shape[0]
-    sources = torch.full((n - start,), -1, dtype=torch.long)
-    overlaps = torch.zeros(n - start, dtype=torch.long)
+    sources = torch.full((n - start,), -1, dtype=torch.long, device=seq.device)
+    overlaps = torch.zeros(n - start, dtype=torch.long, device=seq.device)
     for i, p in enumerate(range(start, n)):
         occ = (seq[:p] == seq[p]).nonzero().squeeze(1)
         if occ.numel() == 0:
@@ -69,9 +69,9 @@ def find_induction_heads(
     and the number of copy events counted."""
     cfg = model.config.get_text_config()
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
-    hits = torch.zeros(n_layers, n_heads, dtype=torch.long)
+    hits = torch.zeros(n_layers, n_heads, dtype=torch.long, device="cpu")  # counted on the host (see argmax)
     events = 0
-    all_heads = {layer: torch.arange(n_heads) for layer in range(n_layers)}
+    all_heads = {layer: torch.arange(n_heads, device=model.device) for layer in range(n_layers)}
     iterator = prompts
     if progress:
         from tqdm.auto import tqdm

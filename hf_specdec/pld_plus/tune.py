@@ -181,7 +181,7 @@ def run(args) -> int:
     capture = {}
     for layer, head in ranked:
         capture.setdefault(layer, []).append(head)
-    capture = {layer: torch.tensor(sorted(hs)) for layer, hs in capture.items()}
+    capture = {layer: torch.tensor(sorted(hs), device=model.device) for layer, hs in capture.items()}
 
     samples = []  # (seq, start, unit hidden states per layer, (heads, rows, keys) attention in ranked order)
     for row in ds:
