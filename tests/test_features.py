@@ -128,3 +128,24 @@ def test_a_store_resumes_and_refuses_what_does_not_fit(target, corpus, tmp_path)
         FeatureStore(tmp_path / "s").check(drafter_for_kind("glide", target))
     with pytest.raises(SpecDecError, match="no features.json.*hf-specdec features"):
         FeatureStore(tmp_path / "nowhere")
+
+
+def test_the_target_runs_where_the_user_asks():
+    """``--device``: nothing moves to a GPU unless asked (default cpu); a malformed name or an accelerator the machine
+    lacks is a clear error; build_features runs wherever the target already is."""
+    import argparse
+
+    from hf_specdec.trainers.features import add_parser, resolve_device
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["features", "--kind", "edd", "--corpus", "c", "--out", "o"])
+    assert args.device == "cpu" and resolve_device(args.device) == torch.device("cpu")
+    with pytest.raises(SpecDecError, match="--device 'gpu0' is not a torch device"):
+        resolve_device("gpu0")
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(SpecDecError, match=r"--device cuda:7: this machine has \d cuda device"):
+            resolve_device("cuda:7")
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecDecError, match="pass --device cpu or omit --device"):
+            resolve_device("cuda")

@@ -7,6 +7,8 @@ keeps what the drafter reads from it, as ``drafter.features_from_target`` define
 nothing), plus the teacher: the target's top-k next tokens and their log-probabilities per position (a full
 49k-row distribution per token would not fit; the KL is then taken against the renormalised top-k,
 ``trainers/losses.py``'s ``top_k_kl_loss``, and a live run can use the same teacher with ``--teacher-top-k``).
+The target runs on ``--device`` (default: the CPU it is loaded on; ``--device cuda`` to use a GPU), and
+``build_features`` runs wherever the target it is given already is.
 
 Shards of ``SHARD_BLOCKS`` blocks are written as safetensors (``shard-00000.safetensors``: ``input_ids``,
 ``labels``, ``feature.NAME``, ``teacher_ids``, ``teacher_logp``), each to a temporary name first, so an
@@ -216,6 +218,11 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--encoder-layer", type=int, default=None, help="EDD: target hidden_states index")
     p.add_argument("--target-layers", default=None, help="GLIDE: comma-separated target layers it reads")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the target runs (e.g. cuda, cuda:1; default: cpu, where it is loaded)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -233,13 +240,33 @@ def drafter_for_kind(
     return drafter.to(next(target.parameters()).device).attach_target(target)
 
 
+def resolve_device(name: str) -> torch.device:
+    """``--device``'s value as a device, with a clear error for a malformed name or an accelerator this machine
+    does not have (the target then runs there: nothing moves to a GPU unless asked)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise SpecDecError(
+            f"--device {name!r} is not a torch device; pass e.g. cpu, cuda or cuda:1"
+        ) from None
+    if device.type != "cpu":
+        backend = getattr(torch, device.type, None)
+        count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 0
+        if not count or (device.index is not None and device.index >= count):
+            raise SpecDecError(
+                f"--device {name}: this machine has {count} {device.type} device(s); pass --device cpu or "
+                "omit --device"
+            )
+    return device
+
+
 def _run(args) -> int:
     from hf_specdec.cli import parse_ints
     from hf_specdec.target import load_target
 
+    device = resolve_device(args.device)
     target, _ = load_target(args.target, "fp32", gguf_file=args.gguf_file)
-    if torch.cuda.is_available():
-        target.to("cuda")
+    target.to(device)
     layers = parse_ints(args.target_layers) if args.target_layers else None
     drafter = drafter_for_kind(args.kind, target, args.encoder_layer, layers)
     meta = build_features(
