@@ -1,6 +1,7 @@
 """SAR-SFT adapters (``hf_specdec.space.adapter``): a LoRA adapter + SPACE's card loads onto its base as the merged
-model, the wrong base or a broken folder fails clearly, bench and demo pick the shipped adapter when SPACE runs
-without --model, and the shipped adapter itself decodes losslessly on the default target."""
+model, the wrong base or a broken folder fails clearly, bench and demo decode a SAR-SFT model of SPACE's own (the
+shipped adapter by default) when the target is not one, and the shipped adapter itself decodes losslessly on the
+default target."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from hf_specdec.space.adapter import (
     is_space_adapter,
     load_model,
     load_space_model,
-    model_for_methods,
 )
 
 from .conftest import tiny_llama
@@ -109,13 +109,41 @@ def test_the_card_sets_the_masks_per_step_decoding_uses(tmp_path):
             load_space_model("fp32", adapter, base=base)
 
 
-def test_bench_and_demo_default_to_the_packaged_adapter_for_space(tmp_path):
-    assert model_for_methods(None, ["ar", "space"]) == str(SHIPPED_ADAPTER)
-    assert model_for_methods(None, ["ar", "pld-plus-h"]) is None
-    assert model_for_methods("runs/x/final", ["ar", "space"]) == "runs/x/final"
-    base, _, _ = _base_and_adapter(tmp_path)
-    model, _ = load_model(str(base))  # a plain model folder still goes through load_target
-    assert getattr(model.config, "space_mask_token_id", None) is None
+def test_bench_space_decodes_a_sar_sft_model_of_its_own_unless_the_target_is_one(tmp_path):
+    """The bench's (and demo's) ``space`` method: on a SAR-SFT target it decodes the target; on a plain one it loads
+    ``--option space_model`` (default: the shipped adapter) as a model of its own when no --model was given or the
+    option names one, and refuses an explicit --model that is not a SAR-SFT model at set-up, saying what to do."""
+    from hf_specdec.bench.methods import AutoRegressive, BenchContext, get_method
+    from hf_specdec.bench.own_models import OwnModels, setup_runners
+
+    base, adapter, _ = _base_and_adapter(tmp_path)
+    plain, tok = load_model(str(base))  # a plain model folder still goes through load_target
+    assert getattr(plain.config, "space_mask_token_id", None) is None
+    sar, sar_tok = load_space_model("fp32", adapter, base=base)
+    sar.save_pretrained(tmp_path / "merged")
+    sar_tok.save_pretrained(tmp_path / "merged")
+    space = get_method("space")
+
+    on_sar = space()
+    on_sar.setup(BenchContext(sar, sar_tok, "fp32", model_name=str(tmp_path / "merged")))
+    assert on_sar.model is sar and on_sar.model_source is None
+
+    for model_name in (None, str(base)):  # the option names the SAR-SFT model: with or without --model
+        ctx = BenchContext(
+            plain, tok, "fp32", {"space_model": str(tmp_path / "merged")}, model_name=model_name
+        )
+        runners = setup_runners(["ar", "space"], [AutoRegressive, space], ctx)
+        assert runners["ar"].model is plain and runners["space"].model is not plain
+        assert runners["space"].model.config.space_mask_token_id == sar.config.space_mask_token_id
+        own = OwnModels(runners, plain, ctx)
+        assert "space" in own and "ar" not in own and own.sources == {"space": str(tmp_path / "merged")}
+
+    with pytest.raises(SpecDecError, match=r"^--model .*base is not a SAR-SFT model .* omit --model$") as err:
+        setup_runners(
+            ["ar", "space"], [AutoRegressive, space], BenchContext(plain, tok, "fp32", model_name=str(base))
+        )
+    assert "cannot serve" not in str(err.value)  # one message, not wrapped twice
+    assert SHIPPED_ADAPTER.is_dir()  # what space decodes without --model and option
 
 
 @pytest.mark.real
@@ -194,11 +222,14 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
 @pytest.mark.real
 @pytest.mark.slow
 def test_bench_space_without_model_runs_the_shipped_adapter(tmp_path):
-    """`hf-specdec bench --methods ar,space` on a fresh machine: no --model, so both run the shipped SAR-SFT model,
-    and space is lossless against plain generate of those weights."""
+    """`hf-specdec bench --methods ar,space` on a fresh machine: no --model, so `ar` runs the default target and
+    `space` the shipped SAR-SFT model, lossless against plain generate of those weights."""
     from hf_specdec.bench.harness import run_bench
 
     results = run_bench(["ar", "space"], ["mt-bench"], limit=1, max_new_tokens=16, out=tmp_path)
-    assert results["config"]["model"] == str(SHIPPED_ADAPTER)
+    assert results["config"]["own_models"] == {"space": str(SHIPPED_ADAPTER)}
+    assert results["config"]["model"].startswith(
+        "default (SmolLM2-135M-Instruct) for every method but `space`, which"
+    )
     space = next(r for r in results["runs"] if r["method"] == "space")
     assert space["lossless"] and space["tau"] >= 1.0

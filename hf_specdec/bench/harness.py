@@ -1,7 +1,9 @@
 """``hf-specdec bench``: methods interleaved per prompt (or batch) in one process, so machine drift hits all alike.
 
 For every (method, task) it records walltime speedup over ``ar``, tokens/s, tau, alpha, draft and verify time
-shares and losslessness against ``ar``'s output (``core/lossless.py``); ``report.py`` writes the outputs."""
+shares and losslessness against ``ar``'s output (``core/lossless.py``); ``report.py`` writes the outputs. A method
+that decodes a model of its own (``space`` on a target that is not a SAR-SFT model) is judged against plain
+``generate`` of that model instead, its speedup still over ``ar`` (``own_models.py``)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from ..core.stats import DecodeStats, ForwardMeter
 from ..core.timing import clock
 from ..errors import SpecDecError
 from ..machine import describe_machine, resolve_auto_dtype
-from ..space.adapter import load_model, model_for_methods
+from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
 from .methods import BenchContext, get_method, left_pad, pad_token_id, run_row
+from .own_models import OwnModels, setup_runners
 from .report import write_outputs
 
 REFERENCE = "ar"
@@ -124,36 +127,34 @@ def run_bench(
     names = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
     classes = [get_method(n) for n in names]  # unknown names fail here, before any loading
     datasets = {t: load_task(t, None, limit) for t in tasks}  # unknown tasks / missing packages fail early
-    model = model_for_methods(model, names)
     target, tokenizer = load_model(model, dtype, gguf_file=gguf_file)
     torch_dtype = resolve_dtype(dtype)
     tie_tol = DEFAULT_TIE_TOL.get(torch_dtype) if tie_tol is None else tie_tol
-    ctx = BenchContext(target, tokenizer, dtype, options or {})
-    runners = {}
-    for name, cls in zip(names, classes):
-        runner = cls()
-        runner.setup(ctx)
-        runners[name] = runner
+    ctx = BenchContext(target, tokenizer, dtype, options or {}, model_name=model)
+    runners = setup_runners(names, classes, ctx)  # a method --model cannot serve fails here
+    own = OwnModels(runners, target, ctx)
 
     datasets = {t: load_task(t, tokenizer, limit) for t in tasks}
     # Warm-up: one short generation per method so lazy initialisation is not timed.
     warm = tokenizer(next(iter(datasets.values()))[0]["prompt"], return_tensors="pt").input_ids
+    warm = warm.to(target.device)
     for runner in runners.values():
         runner.generate(warm, 8)
     drafter_costs = measure_drafter_costs(runners, target)
 
     if batch_size > 1:
         runs, per_prompt, per_batch = _bench_batches(
-            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows
+            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows, own
         )
     else:
         runs, per_prompt = _bench_prompts(
-            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol
+            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, own
         )
     results = {
         "command": command or "",
         "config": {
-            "model": model or "default (SmolLM2-135M-Instruct)",
+            "model": own.model_line(model or "default (SmolLM2-135M-Instruct)"),
+            **({"own_models": own.sources} if own.sources else {}),
             **({"gguf_file": gguf_file} if gguf_file else {}),
             "dtype": dtype,
             "dtype_requested": requested_dtype,
@@ -179,7 +180,7 @@ def run_bench(
     return results
 
 
-def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol):
+def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, own):
     """Batch 1: every prompt through every method, the order rotating per prompt."""
     tasks = list(datasets)
     total = sum(len(d) for d in datasets.values())
@@ -191,11 +192,11 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
             order = names[i % len(names) :] + names[: i % len(names)]  # rotate who goes first
             outputs = {}
             for name in order:
-                outputs[name] = _run_one(runners[name], target, input_ids, max_new_tokens)
+                outputs[name] = _run_one(runners[name], runners[name].model, input_ids, max_new_tokens)
             reference = outputs[REFERENCE][0]
             for name in names:
                 tokens, stats = outputs[name]
-                verdict = compare_outputs(target, input_ids, reference, tokens, tie_tol)
+                verdict = own.verdict(name, input_ids, reference, tokens, max_new_tokens, tie_tol)
                 records[(name, task)].append(
                     {
                         "id": row["id"],
@@ -247,7 +248,7 @@ def _alone(ar, prompt: list[int], max_new_tokens: int, device) -> list[int]:
 
 
 def _bench_batches(
-    runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows
+    runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows, own
 ):
     """Batch B > 1: each task's prompts in batches of B, every batch through every method (the order rotating per
     batch), timed as one call; each row checked against batched ``ar`` (and ``ar`` on the row alone)."""
@@ -272,7 +273,8 @@ def _bench_batches(
             input_ids, mask = input_ids.to(target.device), mask.to(target.device)
             order = names[b % len(names) :] + names[: b % len(names)]  # rotate who goes first
             outputs = {
-                name: _run_batch(runners[name], target, input_ids, mask, max_new_tokens) for name in order
+                name: _run_batch(runners[name], runners[name].model, input_ids, mask, max_new_tokens)
+                for name in order
             }
             alone = [None] * len(group)
             if check_rows:  # untimed: plain generate on each row alone, the issue's reference
@@ -290,14 +292,13 @@ def _bench_batches(
                     }
                 )
                 for j, row in enumerate(group):
-                    prompt = torch.tensor([prompts[j]])
+                    prompt = torch.tensor([prompts[j]], device=target.device)
+                    if name in own:
+                        rec = own.row_record(name, prompt, rows[j], max_new_tokens, tie_tol, check_rows)
+                    else:
+                        rec = _row_verdict(target, prompt, reference[j], alone[j], rows[j], tie_tol)
                     rows_of[(name, task)].append(
-                        {
-                            "id": row["id"],
-                            "batch": b,
-                            "new_tokens": len(rows[j]),
-                            **_row_verdict(target, prompt, reference[j], alone[j], rows[j], tie_tol),
-                        }
+                        {"id": row["id"], "batch": b, "new_tokens": len(rows[j]), **rec}
                     )
             bar.update(1)
     bar.close()

@@ -42,6 +42,7 @@ class BenchContext:
     tokenizer: object
     dtype: str
     options: dict = field(default_factory=dict)  # method options from the CLI (--drafter, --heads ...)
+    model_name: str | None = None  # --model as given (None: the default target), for methods that check it
 
 
 class Method:
@@ -54,6 +55,7 @@ class Method:
 
     def setup(self, ctx: BenchContext) -> None:
         self.ctx = ctx
+        # what it decodes: a method that decodes a model of its own replaces it (``bench/own_models.py``)
         self.model = ctx.model
 
     def generate(
@@ -76,7 +78,7 @@ class Method:
         """The batch's rows one at a time, each unpadded, through :meth:`generate`; the rows' stats summed."""
         rows, total = [], DecodeStats()
         for row in unpad_rows(input_ids, attention_mask):
-            tokens, stats = run_row(self, self.ctx.model, row, max_new_tokens)
+            tokens, stats = run_row(self, self.model, row, max_new_tokens)
             rows.append(tokens)
             for key in (
                 "new_tokens",

@@ -1,16 +1,21 @@
 """Bench method ``space``: SPACE auto-correct decoding (space.txt §3.2) of a SAR-SFT model.
 
-The harness's ``ar`` reference runs the model given by ``--model``: without one, a bench with ``space`` runs the
-shipped SAR-SFT adapter (``hf_specdec/resources/space-smollm2`` on the default target) for every method; your own
-SAR-SFT checkpoint (merged folder or ``OUTPUT/adapter``) is benched as itself::
+Which weights ``space`` decodes:
 
-    hf-specdec bench --model runs/space-sar/final --methods ar,space ...
+- ``--model`` is a SAR-SFT model (your merged ``OUTPUT/final`` or ``OUTPUT/adapter``): that model, like every other
+  method, so ``ar`` and ``space`` run the same weights::
 
-so ``ar`` and ``space`` run the same weights and the lossless column is meaningful. Options:
-``--option space_masks=N`` (masks per group, default the trained k) and ``--option space_model=PATH``,
-used only when ``--model`` is given and is not a SPACE model (default: the shipped adapter): the method then
-decodes with that checkpoint while ``ar`` decodes ``--model``, so speed compares two different models and
-the lossless check fails by construction — a warning says so.
+      hf-specdec bench --model runs/space-sar/final --methods ar,space ...
+
+- no ``--model``: the shipped SAR-SFT model (``hf_specdec/resources/space-smollm2`` merged into the default target),
+  while every other method, ``ar`` included, runs the plain default target; so ``ar,glide-cape,edd-pct,space`` runs
+  in one bench, each method on the weights it was made for.
+- ``--option space_model=PATH``: that SAR-SFT checkpoint, when ``--model`` (or the default target) is not one.
+- ``--model`` given, not a SAR-SFT model, no ``space_model``: refused at set-up (``space`` cannot decode it).
+
+When ``space`` decodes a model of its own, its lossless column is against plain greedy ``generate`` of that model
+(run by the bench, untimed) and its speedup is over ``ar`` on the bench's target (``bench/own_models.py``); the
+report's model line says so. ``--option space_masks=N``: masks per group (default the card's, else the trained k).
 """
 
 from __future__ import annotations
@@ -38,21 +43,30 @@ class Space(Method):
     def setup(self, ctx: BenchContext) -> None:
         super().setup(ctx)
         self.masks = int(ctx.options["space_masks"]) if "space_masks" in ctx.options else None
+        self.model_source = None  # the SAR-SFT checkpoint it loaded when the target is not one
         if getattr(ctx.model.config, "space_mask_token_id", None) is None:
-            path = Path(ctx.options.get("space_model") or SHIPPED_ADAPTER)
-            if not ((path / "config.json").is_file() or is_space_adapter(path)):
+            option = ctx.options.get("space_model")
+            if option is None and ctx.model_name is not None:
                 raise SpecDecError(
-                    f"--model is not a SAR-SFT model and {path} holds none; train one with "
-                    "`hf-specdec train space --output-dir DIR` and bench with --model DIR/final (or DIR/adapter)"
+                    f"--model {ctx.model_name} is not a SAR-SFT model (its config has no space_mask_token_id), so "
+                    "space cannot decode it; bench space with --model <a SAR-SFT checkpoint> (hf-specdec train "
+                    "space writes OUTPUT/final and OUTPUT/adapter), pass --option space_model=PATH, or omit --model"
                 )
-            logger.warning(
-                "bench method space: --model is not a SPACE model, decoding %s instead; `ar` runs a different "
-                "model, so speedup and lossless compare two models (pass --model %s)",
-                path,
+            path = Path(option or SHIPPED_ADAPTER)
+            if not ((path / "config.json").is_file() or is_space_adapter(path)):
+                what = f"--option space_model={path}" if option else f"the shipped SAR-SFT adapter {path}"
+                raise SpecDecError(
+                    f"{what} holds no SAR-SFT model; train one with `hf-specdec train space --output-dir DIR` "
+                    "and pass --option space_model=DIR/final (or DIR/adapter)"
+                )
+            logger.info(
+                "bench method space decodes %s, judged against plain generate of that model; the other methods "
+                "run the target, and space's speedup is over `ar` on it",
                 path,
             )
             self.model, _ = load_model(str(path), ctx.dtype)
             self.model.to(ctx.model.device)
+            self.model_source = str(path)
         from ..space import space_generate
 
         self.generate_fn = space_generate

@@ -11,7 +11,6 @@ token id and the fingerprint of the base it was trained on, checked on load).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from ..errors import SpecDecError
@@ -22,7 +21,6 @@ from .mask_token import add_mask_token
 SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "resources" / "space-smollm2"
 CARD_JSON = "space_training.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", CARD_JSON)
-logger = logging.getLogger(__name__)
 
 
 def missing_adapter_files(folder: Path) -> list[str]:
@@ -82,17 +80,3 @@ def load_model(model=None, dtype="fp32", gguf_file=None):
     if model is not None and gguf_file is None and is_space_adapter(model):
         return load_space_model(dtype, adapter=model)
     return load_target(model, dtype, gguf_file=gguf_file)
-
-
-def model_for_methods(model, methods) -> str | None:
-    """The ``--model`` of a bench or demo run: as given, or the shipped SAR-SFT adapter when SPACE is among
-    ``methods`` and none was given (SPACE decodes its own fine-tuned weights, so every method, ``ar`` included, then
-    runs that model and ``space`` is compared with plain ``generate`` of the same weights)."""
-    if model is None and "space" in methods:
-        logger.warning(
-            "no --model: every method runs the shipped SAR-SFT model (the default target + %s), "
-            "so `space` is compared with plain generate of the same weights",
-            SHIPPED_ADAPTER,
-        )
-        return str(SHIPPED_ADAPTER)
-    return model
