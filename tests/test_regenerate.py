@@ -1,6 +1,7 @@
-"""The regenerated corpus (trainers/regenerate.py, ``hf-specdec corpus --regenerate``): the target's own answers to
-ShareGPT's prompts as a ``datasets`` dataset plus the token corpus, resumable shard by shard, with no bench prompt in
-it; ``hf-specdec features`` and drafter training read it like ``hf-specdec corpus``'s."""
+"""The regenerated corpus (trainers/regenerate*.py and bench_overlap.py, ``hf-specdec corpus --regenerate``): the
+target's own answers to ShareGPT's prompts as a ``datasets`` dataset plus the token corpus, resumable shard by
+shard, with no bench prompt in it; ``hf-specdec features`` and drafter training read it like ``hf-specdec
+corpus``'s."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def regenerate(out, target, *extra):
 
 
 def bench_words():
-    from hf_specdec.trainers.regenerate import BenchFilter, bench_texts
+    from hf_specdec.trainers.bench_overlap import BenchFilter, bench_texts
 
     return BenchFilter(bench_texts())
 
@@ -114,7 +115,7 @@ def test_sampling_records_the_targets_settings_and_resumes_identically(tiny_targ
 
 
 def test_measure_times_each_method_and_batch_size(tiny_target):
-    from hf_specdec.trainers.regenerate import measure
+    from hf_specdec.trainers.regenerate_measure import measure
 
     from hf_specdec.target import load_target
 
@@ -168,7 +169,7 @@ def test_the_bench_filter_drops_planted_bench_prompts(tiny_target, tmp_path, mon
         "Can you parallelize it with MPI?"
     )
     items = [clean[0], *planted, clean[1]]
-    monkeypatch.setattr("hf_specdec.trainers.regenerate._sharegpt_items", lambda split: iter(items))
+    monkeypatch.setattr("hf_specdec.trainers.bench_overlap._sharegpt_items", lambda split: iter(items))
     regenerate(tmp_path, tiny_target, "--splits", "train")
     data = load_from_disk(str(tmp_path / "dataset"))["train"]
     assert data["conversation_id"] == ["clean-0", "clean-1"]

