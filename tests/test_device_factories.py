@@ -14,8 +14,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 DECODING_MODULES = (
     "hf_specdec/core/*.py",
@@ -47,17 +45,6 @@ FACTORIES = {
 }
 ALLOW = re.compile(r"#\s*device:\s*\S")
 # Files with device-less factories that cannot be fixed here yet: skipped until their entry is removed.
-PENDING = {
-    # hot-loop rewrite in progress: TokenTree's as_tensor of its tokens (and parents), from_chain, from_additions
-    # (tokens and parents built on the CPU) and the pruned tree's parents
-    "hf_specdec/core/tree.py",
-    # hot-loop rewrite in progress: the sampling uniform torch.rand((), generator=generator)
-    "hf_specdec/core/acceptance.py",
-    # hot-loop rewrite in progress: torch.as_tensor(keep, dtype=torch.long) of a list of kept positions
-    "hf_specdec/core/kv_cache.py",
-    # hot-loop rewrite in progress: the empty torch.zeros(0, 0, dtype=torch.bool) mask
-    "hf_specdec/core/ragged_cache.py",
-}
 
 
 def decoding_files() -> list[Path]:
@@ -106,7 +93,6 @@ def test_the_scan_covers_the_decoding_modules():
     names = {str(p.relative_to(ROOT)) for p in decoding_files()}
     for path in ("hf_specdec/core/tree_decoding.py", "hf_specdec/space/decoding.py", "modeling/edd.py"):
         assert path in names
-    assert PENDING <= names, "a PENDING entry names a file the scan does not read"
 
 
 def test_the_scan_finds_device_less_factories():
@@ -130,16 +116,8 @@ def test_decoding_modules_create_tensors_on_a_device():
     found = []
     for path in decoding_files():
         rel = str(path.relative_to(ROOT))
-        if rel not in PENDING:
-            found += offending_calls(path.read_text(), rel)
+        found += offending_calls(path.read_text(), rel)
     assert not found, (
         "tensor factories without device= in decoding modules (pass the model's or the input's device, "
         "device='cpu' for a host-side tensor, or add a '# device: <reason>' comment):\n" + "\n".join(found)
     )
-
-
-@pytest.mark.parametrize("rel", sorted(PENDING))
-def test_pending_files_still_need_their_entry(rel):
-    """A PENDING file whose factories all have a device now should leave PENDING (so the scan covers it again)."""
-    if not offending_calls((ROOT / rel).read_text(), rel):
-        pytest.fail(f"{rel} has no device-less tensor factory any more: remove it from PENDING")

@@ -37,12 +37,6 @@ MODES = [
 # transformers itself refuses these before any assistant is asked: contrastive and constrained beam search moved to
 # Hub repos that need trust_remote_code=True
 TRANSFORMERS_FIRST = {"penalty_alpha", "force_words_ids"}
-# tree_generate (core/tree_decoding.py) cannot call the check yet: hot-loop rewrite in progress (issue 31's report
-# names the line to add there); remove this mark then (strict: these fail once the check is in)
-PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="core/tree_decoding.py: hot-loop rewrite in progress; check_generation_mode not called yet",
-)
 PROMPT = [[1, 5, 6, 7, 8, 5, 6, 7]]
 RUNNER = r"""
 import json, sys
@@ -130,13 +124,13 @@ def _call(entry: str, models: dict):
         "pld_plus",
         "glide_cape",
         "space",
-        pytest.param("tree_generate", marks=PENDING),
-        pytest.param("edd_pct", marks=PENDING),
+        "tree_generate",
+        "edd_pct",
         "assistant_glide",
         "assistant_edd",
         "assistant_glide_batch",
         "export_pld_plus",
-        pytest.param("export_tree_lookup", marks=PENDING),
+        "export_tree_lookup",
     ],
 )
 def test_every_entry_point_refuses_modes_it_does_not_implement(entry, models, tmp_path):

@@ -7,6 +7,9 @@ applied to the exact ids a plain decoding loop would have at that point (``path_
 sequence + the accepted path so far), so repetition penalties and ``min_length`` behave as in ``_sample``.
 
 **Greedy**: the next token is ``argmax p``; descend into the first child carrying it, else stop and emit it.
+Without logits processors ``p`` does not depend on the path, so :func:`accept_greedy` finds the same path with
+tensor operations over the whole verified tree (one argmax per fed row, the deepest node whose every ancestor
+matched) and reads one small tensor back to the host: the only host read of a greedy step.
 
 **Sampling** (multi-candidate / recursive rejection sampling, SpecInfer §4.2 and EAGLE; the chain case is
 Leviathan et al.'s Algorithm 1). The children ``c_1..c_m`` of the current node are tried in node order
@@ -65,6 +68,30 @@ def _residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return res / total if total > _EPS else r
 
 
+def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> TreeAcceptance:
+    """Greedy acceptance without logits processors, in tensors (module docstring): node ``i`` *matches* when its
+    token is the target's argmax at its parent; the accepted path ends at the deepest node whose ancestors all
+    match (the earliest such node on a tie, like the walk's first matching child), and the emitted tokens are the
+    argmaxes along it. ``scores`` holds the emitted tokens' float32 logits rows (what ``_sample`` reports)."""
+    pred = logits.argmax(-1)  # (1 + n,): the target's token after each fed row
+    n = len(tree)
+    if n == 0:
+        token = int(pred[0])  # the step's one host read
+        return TreeAcceptance([], [token], [logits[0:1].float()])
+    matches = tree.tokens.to(pred.device) == pred[tree.parents.to(pred.device) + 1]
+    ancestry = tree.ancestor_mask()[1:, 1:].to(pred.device)  # (n, n): node j is node i or an ancestor of it
+    on_path = (~ancestry | matches[None, :]).all(1)  # every node from the root down to i matches
+    depth = torch.tensor(tree.depths, device=pred.device)
+    order = torch.arange(n, 0, -1, device=pred.device)  # earlier nodes win ties
+    best = torch.where(on_path, depth * (n + 1) + order, torch.zeros_like(depth)).argmax()
+    row = torch.where(on_path[best], ancestry[best], torch.zeros_like(on_path))
+    packed = torch.cat([row.long(), pred]).tolist()  # the step's one host read: the path and the argmaxes
+    nodes = [j for j in range(n) if packed[j]]
+    fed = [0, *(j + 1 for j in nodes)]
+    tokens = [packed[n + f] for f in fed]
+    return TreeAcceptance(nodes, tokens, [logits[f : f + 1].float() for f in fed])
+
+
 def accept_tree(
     tree: TokenTree,
     logits: torch.Tensor,
@@ -76,10 +103,12 @@ def accept_tree(
     """Walk ``tree`` with the target's ``logits`` (``(1 + n, vocab)``, row 0 = root) after the committed
     ``input_ids`` (``(1, L)``, last token = root). Greedy when ``do_sample`` is False, else lossless tree
     speculative sampling (see the module docstring)."""
+    if not do_sample and not logits_processor:
+        return accept_greedy(tree, logits)
     children: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents.tolist()):
+    for i, p in enumerate(tree.parent_list):
         children.setdefault(p, []).append(i)
-    tokens = tree.tokens.tolist()
+    tokens = tree.token_list if tree.token_list is not None else tree.tokens.tolist()
     device = logits.device
     out = TreeAcceptance()
     ids, node = input_ids, ROOT
@@ -97,7 +126,9 @@ def accept_tree(
                 x = tokens[c]
                 q = None if tree.draft_probs is None else tree.draft_probs[c].to(device, torch.float32)
                 qx = 1.0 if q is None else float(q[x])
-                u = float(torch.rand((), generator=generator))
+                u = float(
+                    torch.rand((), generator=generator, device=generator.device if generator else r.device)
+                )
                 if u < min(1.0, float(r[x]) / qx):
                     nxt = c
                     break

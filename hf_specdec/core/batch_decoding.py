@@ -29,7 +29,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from ..errors import SpecDecError
 from .acceptance import accept_tree
-from .generate_io import NO_MAX_LENGTH, append_tokens, eos_token_ids, logits_to_keep
+from .generate_io import NO_MAX_LENGTH, StopRule, eos_token_ids, logits_to_keep
 from .proposer import StepFeedback, TreeProposer
 from .ragged_cache import REPACK_FRACTION, RaggedCache
 from .stats import DecodeStats
@@ -121,6 +121,7 @@ def batched_tree_generate(
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
     do_sample = bool(cfg.do_sample)
     need_hidden = proposer.needs_hidden_states
+    stop = StopRule(stopping_criteria)
     pads = (mask == 0).sum(1).tolist()
 
     t0 = clock(device)
@@ -162,7 +163,7 @@ def batched_tree_generate(
             tree.check_vocab(row_logits.shape[-1])
             acc = accept_tree(tree, row_logits, row.ids, logits_processor, do_sample)
             before = row.ids.shape[1]
-            row.ids, done = append_tokens(row.ids, acc.tokens, stopping_criteria)
+            row.ids, done = stop.append(row.ids, acc.tokens)
             m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
             # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
             kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
@@ -183,6 +184,7 @@ def batched_tree_generate(
         )
 
         hidden = out.hidden_states if need_hidden else None
+        layers = rows[0].proposer.hidden_layers  # every row's proposer reads the same layers
         del out
         survivors, feedback = [], []
         for i, (row, (acc, m, done, kept)) in enumerate(zip(rows, results)):
@@ -194,7 +196,10 @@ def batched_tree_generate(
             row_hidden = None
             if hidden is not None:
                 idx = torch.tensor(real, device=hidden[0].device)
-                row_hidden = tuple(h[i : i + 1].index_select(1, idx) for h in hidden)
+                row_hidden = tuple(
+                    h[i : i + 1].index_select(1, idx) if layers is None or k in layers else None
+                    for k, h in enumerate(hidden)
+                )
             feedback.append((row, acc, m, row_hidden))
         if not survivors:
             break

@@ -175,16 +175,53 @@ def resolve_streamer(input_ids: torch.Tensor, streamer, specdec_streamer, **depr
     return specdec_streamer
 
 
+class StopRule:
+    """The stopping criteria of a generation, checked on the host when they are only a length limit and EOS ids
+    (``MaxLengthCriteria`` / ``EosTokenCriteria``, what ``generate`` builds by default): then appending a step's
+    tokens costs no device read, where calling the criteria would read a flag back once per emitted token. Any other
+    criterion (stop strings, a user's own) is called as a plain loop calls it, token by token."""
+
+    def __init__(self, stopping_criteria: StoppingCriteriaList):
+        self.criteria = stopping_criteria
+        self.max_length: int | None = None
+        self.eos: set[int] = set()
+        self.on_host = all(isinstance(c, (MaxLengthCriteria, EosTokenCriteria)) for c in stopping_criteria)
+        if self.on_host:  # read once per generation
+            for c in stopping_criteria:
+                if isinstance(c, MaxLengthCriteria):
+                    self.max_length = min(c.max_length, self.max_length or c.max_length)
+                else:
+                    self.eos |= {
+                        int(t) for t in torch.as_tensor(c.eos_token_id, device="cpu").flatten().tolist()
+                    }
+
+    def append(self, input_ids: torch.Tensor, tokens: Sequence[int]) -> tuple[torch.Tensor, bool]:
+        """Append ``tokens`` up to and including the first one that ends generation (EOS, max length, stop strings...),
+        as a plain loop would; returns the new ids and whether generation is finished."""
+        if not self.on_host:
+            for t in tokens:
+                input_ids = torch.cat([input_ids, input_ids.new_tensor([[t]])], dim=-1)
+                if bool(self.criteria(input_ids, None).any()):
+                    return input_ids, True
+            return input_ids, False
+        tokens, done = list(tokens), False
+        for i, t in enumerate(tokens):
+            if t in self.eos or (
+                self.max_length is not None and input_ids.shape[1] + i + 1 >= self.max_length
+            ):
+                tokens, done = tokens[: i + 1], True
+                break
+        return torch.cat([input_ids, input_ids.new_tensor([tokens])], dim=-1), done
+
+
 def append_tokens(
-    input_ids: torch.Tensor, tokens: Sequence[int], stopping_criteria: StoppingCriteriaList
+    input_ids: torch.Tensor, tokens: Sequence[int], stopping_criteria: StoppingCriteriaList | StopRule
 ) -> tuple[torch.Tensor, bool]:
     """Append ``tokens`` one at a time, stopping at the first one that ends generation (EOS, max length,
-    stop strings...), as a plain loop would; returns the new ids and whether generation is finished."""
-    for t in tokens:
-        input_ids = torch.cat([input_ids, input_ids.new_tensor([[t]])], dim=-1)
-        if bool(stopping_criteria(input_ids, None).any()):
-            return input_ids, True
-    return input_ids, False
+    stop strings...), as a plain loop would; returns the new ids and whether generation is finished. A loop passes
+    its :class:`StopRule` (built once per generation) to check on the host where it can."""
+    rule = stopping_criteria if isinstance(stopping_criteria, StopRule) else StopRule(stopping_criteria)
+    return rule.append(input_ids, tokens)
 
 
 class GenerateOutputs:
@@ -216,9 +253,10 @@ class GenerateOutputs:
         return GenerateDecoderOnlyOutput(sequences=input_ids, **kept, past_key_values=cache)
 
 
-def finish(stats: DecodeStats, streamer, t_start: float, device: torch.device) -> None:
-    """End the stream and total the statistics of a generation that started at ``t_start`` (``clock(device)``)."""
+def finish(stats: DecodeStats, streamer, t_start: float, device: torch.device, tick=clock) -> None:
+    """End the stream and total the statistics of a generation that started at ``t_start`` (``tick(device)``;
+    ``tick`` is ``timing.untimed`` when nobody asked for statistics)."""
     if streamer is not None:
         streamer.end()
     stats.new_tokens = sum(s["new_tokens"] for s in stats.steps)
-    stats.total_time += clock(device) - t_start
+    stats.total_time += tick(device) - t_start

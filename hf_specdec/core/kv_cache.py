@@ -59,12 +59,14 @@ def check_tree_support(cache: Cache, num_fed: int) -> bool:
 
 def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[int]) -> None:
     """Keep, after the first ``prefix_length`` entries, only the fed tokens at offsets ``keep`` (increasing,
-    relative to the prefix end), in that order; drop everything after them. In place."""
-    keep = torch.as_tensor(keep, dtype=torch.long)
-    m = int(keep.numel())
-    if m and bool((keep[1:] <= keep[:-1]).any()):
-        raise SpecDecError(f"compact_cache needs increasing offsets, got {keep.tolist()}")
-    contiguous = m == 0 or int(keep[-1]) == m - 1  # increasing and ending at m - 1 => 0..m-1: a crop
+    relative to the prefix end), in that order; drop everything after them. In place. ``keep`` is checked on the
+    host (a tensor is read once); the layer loop does one gather per layer and reads nothing back."""
+    keep = keep.tolist() if isinstance(keep, torch.Tensor) else [int(k) for k in keep]
+    m = len(keep)
+    if any(b <= a for a, b in zip(keep, keep[1:])):
+        raise SpecDecError(f"compact_cache needs increasing offsets, got {keep}")
+    contiguous = m == 0 or keep[-1] == m - 1  # increasing and ending at m - 1 => 0..m-1: a crop
+    index: dict[torch.device, torch.Tensor] = {}
     for layer in _layers(cache):
         if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
             continue
@@ -76,13 +78,15 @@ def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[in
                 "a sliding-window cache layer already evicted entries, so the tree path cannot be gathered; "
                 "this is a bug in the caller (check_tree_support must be consulted before a tree forward)"
             )
-        if m and prefix_length + int(keep[-1]) >= length:
+        if m and prefix_length + keep[-1] >= length:
             raise SpecDecError(
-                f"compact_cache: offset {int(keep[-1])} after prefix {prefix_length} is past the cache end {length}"
+                f"compact_cache: offset {keep[-1]} after prefix {prefix_length} is past the cache end {length}"
             )
         keys, values = layer.keys, layer.values
         if not contiguous:
-            idx = (prefix_length + keep).to(keys.device)
+            if keys.device not in index:
+                index[keys.device] = torch.tensor(keep, dtype=torch.long, device=keys.device) + prefix_length
+            idx = index[keys.device]
             keys[..., prefix_length : prefix_length + m, :] = keys.index_select(-2, idx)
             values[..., prefix_length : prefix_length + m, :] = values.index_select(-2, idx)
         set_layer_entries(layer, keys[..., : prefix_length + m, :], values[..., : prefix_length + m, :])

@@ -51,6 +51,9 @@ class TreeProposer:
     """
 
     needs_hidden_states: bool = False
+    # the hidden-state layers the proposer reads (indices into ``StepFeedback.hidden_states``, whose other entries are
+    # then ``None``); ``None``: every layer
+    hidden_layers: tuple[int, ...] | None = None
     needs_attentions: bool = False
 
     def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:

@@ -45,7 +45,7 @@ class RaggedCache:
                 "batched speculative decoding starts from an empty cache; do not pass past_key_values"
             )
         self.cache = cache
-        self.valid = torch.zeros(0, 0, dtype=torch.bool)
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=cache_device(cache))
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -135,6 +135,16 @@ class RaggedCache:
         """Row ``row``'s real entries as a per-layer ``(keys, values)`` sequence of batch 1 (what a drafter that
         reads the target's cache, GLIDE, takes in place of a ``Cache``)."""
         return RowKV(self, row)
+
+
+def cache_device(cache: Cache) -> torch.device:
+    """Where ``cache``'s layers live: the device of the first initialised layer's keys, else the CPU (an empty cache,
+    filled by the prefill; ``prefill_inputs`` then takes the device of the prompt's mask)."""
+    for layer in getattr(cache, "layers", None) or []:
+        keys = getattr(layer, "keys", None)
+        if keys is not None:
+            return keys.device
+    return torch.device("cpu")
 
 
 def _per_entry(index: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,11 @@ def clock(device: torch.device | str) -> float:
     return time.perf_counter()
 
 
+def untimed(device: torch.device | str) -> float:
+    """:func:`clock`'s stand-in in a loop whose caller asked for no statistics: no device sync, no timing (0.0)."""
+    return 0.0
+
+
 def median_seconds(fn: Callable[[], object], device: torch.device | str, repeats: int = 20) -> float:
     """Median seconds of ``fn()`` on ``device`` over ``repeats`` timed calls, after one untimed warm-up call."""
     fn()

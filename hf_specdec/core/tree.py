@@ -26,47 +26,66 @@ ROOT = -1  # parent index meaning "child of the root (the last committed token)"
 
 @dataclass
 class TokenTree:
-    """Draft nodes below the root. ``tokens``/``parents`` are 1D long tensors of length ``n``;
-    ``draft_probs`` is ``None`` (deterministic drafts) or an ``(n, vocab)`` float tensor."""
+    """Draft nodes below the root. ``tokens``/``parents`` are 1D long tensors of length ``n`` (or lists, which are
+    checked on the host and put on ``device``: what the proposers pass, so building a tree reads nothing back from
+    the device); ``draft_probs`` is ``None`` (deterministic drafts) or an ``(n, vocab)`` float tensor.
+
+    The structure is also kept on the host (``parent_list``, ``depths``): the loop needs it to shape the
+    verification forward, and keeping it avoids a device read per step. Tensors given by a caller are read once,
+    to check them."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    device: torch.device | str | None = None
 
     def __post_init__(self) -> None:
-        self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
-        self.parents = torch.as_tensor(self.parents, dtype=torch.long, device=self.tokens.device).reshape(-1)
+        if isinstance(self.tokens, torch.Tensor):
+            device = self.tokens.device if self.device is None else self.device
+        else:
+            device = "cpu" if self.device is None else self.device
+        self.device = torch.device(device)
+        given_lists = not isinstance(self.tokens, torch.Tensor) and not isinstance(self.parents, torch.Tensor)
+        if given_lists:
+            token_list = [int(t) for t in self.tokens]
+            self.parent_list = [int(p) for p in self.parents]
+            self.tokens = torch.tensor(token_list, dtype=torch.long, device=self.device)
+            self.parents = torch.tensor(self.parent_list, dtype=torch.long, device=self.device)
+            self.token_list: list[int] | None = token_list
+        else:
+            self.tokens = torch.as_tensor(self.tokens, dtype=torch.long, device=self.device).reshape(-1)
+            self.parents = torch.as_tensor(self.parents, dtype=torch.long, device=self.device).reshape(-1)
+            self.parent_list = self.parents.tolist() if self.parents.dim() == 1 else []
+            self.token_list = None
         self.validate()
-        self.depths = _depths(self.parents.tolist())
+        self.depths = _depths(self.parent_list)
+        self._ancestors: torch.Tensor | None = None
 
     # ----------------------------------------------------------------- builders
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> TokenTree:
         """No draft: the verification forward is a plain decoding step."""
-        return cls(
-            torch.empty(0, dtype=torch.long, device=device), torch.empty(0, dtype=torch.long, device=device)
-        )
+        return cls([], [], device=device)
 
     @classmethod
-    def from_chain(cls, tokens, draft_probs: torch.Tensor | None = None) -> TokenTree:
+    def from_chain(cls, tokens, draft_probs: torch.Tensor | None = None, device=None) -> TokenTree:
         """A chain ``t_0 -> t_1 -> ...`` (classic speculative decoding) is the tree ``parents = [-1, 0, 1, ...]``."""
-        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        parents = torch.arange(-1, len(tokens) - 1, device=tokens.device)
-        return cls(tokens, parents, draft_probs)
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.reshape(-1)
+            parents = torch.arange(-1, len(tokens) - 1, device=tokens.device)
+            return cls(tokens, parents, draft_probs, device)
+        tokens = [int(t) for t in tokens]
+        return cls(tokens, list(range(ROOT, len(tokens) - 1)), draft_probs, device)
 
     @classmethod
-    def from_additions(cls, additions, draft_probs: torch.Tensor | None = None) -> TokenTree:
+    def from_additions(cls, additions, draft_probs: torch.Tensor | None = None, device=None) -> TokenTree:
         """Build from ``[(parent, token), ...]`` in insertion order (``parent`` = ``-1`` or an earlier index)."""
         additions = list(additions)
-        tokens = [int(t) for _, t in additions]
-        parents = [int(p) for p, _ in additions]
-        return cls(
-            torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), draft_probs
-        )
+        return cls([int(t) for _, t in additions], [int(p) for p, _ in additions], draft_probs, device)
 
     # ----------------------------------------------------------------- queries
     def __len__(self) -> int:
-        return int(self.tokens.numel())
+        return len(self.parent_list)
 
     @property
     def max_depth(self) -> int:
@@ -74,30 +93,31 @@ class TokenTree:
 
     def children(self, node: int) -> list[int]:
         """Indices of the children of ``node`` (``-1`` = root), in node order (= the order they are tried)."""
-        return [i for i, p in enumerate(self.parents.tolist()) if p == node]
+        return [i for i, p in enumerate(self.parent_list) if p == node]
 
     def path(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (empty for the root)."""
-        out, parents = [], self.parents.tolist()
+        out = []
         while node != ROOT:
             out.append(node)
-            node = parents[node]
+            node = self.parent_list[node]
         return out[::-1]
 
     def validate(self) -> None:
-        n = len(self.tokens)
+        n = len(self.parent_list)
         if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
             raise SpecDecError(
                 f"TokenTree needs 1D tokens and parents of equal length (got {tuple(self.tokens.shape)} "
                 f"and {tuple(self.parents.shape)}); build it with TokenTree.from_chain/from_additions"
             )
-        for i, p in enumerate(self.parents.tolist()):
+        for i, p in enumerate(self.parent_list):
             if not ROOT <= p < i:
                 raise SpecDecError(
                     f"TokenTree node {i} has parent {p}; parents must be -1 (the root) or an earlier node "
                     "index (nodes in topological order)"
                 )
-        if n and int(self.tokens.min()) < 0:
+        lowest = min(self.token_list, default=0) if self.token_list is not None else None
+        if n and (int(self.tokens.min()) if lowest is None else lowest) < 0:
             raise SpecDecError("TokenTree tokens must be non-negative token ids")
         if self.draft_probs is not None:
             q = self.draft_probs
@@ -110,37 +130,46 @@ class TokenTree:
                 )
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Raise unless every drafted token id is below ``vocab_size`` (the target's vocabulary)."""
-        if len(self) and int(self.tokens.max()) >= vocab_size:
+        """Raise unless every drafted token id is below ``vocab_size`` (the target's vocabulary). Free for trees built
+        from host lists; a tree built from tensors is read once here."""
+        if not len(self):
+            return
+        highest = max(self.token_list) if self.token_list is not None else int(self.tokens.max())
+        if highest >= vocab_size:
             raise SpecDecError(f"the proposer drafted a token id >= the target's vocabulary ({vocab_size})")
 
     def truncate_depth(self, max_depth: int) -> TokenTree:
         """Drop the nodes deeper than ``max_depth`` (their descendants go with them, order is kept)."""
         keep = [i for i, d in enumerate(self.depths) if d <= max_depth]
-        if len(keep) == len(self):
-            return self
-        remap = {old: new for new, old in enumerate(keep)}
-        remap[ROOT] = ROOT
-        parents = torch.tensor([remap[int(self.parents[i])] for i in keep], dtype=torch.long)
-        idx = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        return self if len(keep) == len(self) else self.subset(keep)
+
+    def subset(self, keep: list[int]) -> TokenTree:
+        """The nodes ``keep`` (increasing; every kept node's parent kept too), re-indexed in their order."""
+        remap = {ROOT: ROOT, **{old: new for new, old in enumerate(keep)}}
+        parents = [remap[self.parent_list[i]] for i in keep]
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         probs = None if self.draft_probs is None else self.draft_probs[idx.to(self.draft_probs.device)]
-        return TokenTree(self.tokens[idx], parents.to(self.tokens.device), probs)
+        if self.token_list is not None:
+            return TokenTree([self.token_list[i] for i in keep], parents, probs, self.device)
+        return TokenTree(self.tokens[idx], torch.tensor(parents, dtype=torch.long, device=self.device), probs)
 
     # ----------------------------------------------------------------- verification inputs
     def flat_tokens(self, root_token: int | torch.Tensor) -> torch.Tensor:
         """``(1, 1 + n)`` input ids ``[root, node_0, ..., node_{n-1}]``."""
-        root = torch.as_tensor(root_token, dtype=torch.long, device=self.tokens.device).reshape(1)
+        root = torch.as_tensor(root_token, dtype=torch.long, device=self.device).reshape(1)
         return torch.cat([root, self.tokens])[None]
 
     def position_ids(self, prefix_length: int) -> torch.Tensor:
         """``(1, 1 + n)``: ``prefix_length + depth`` (the root sits at ``prefix_length``)."""
-        depths = torch.tensor([0, *self.depths], dtype=torch.long, device=self.tokens.device)
+        depths = torch.tensor([0, *self.depths], dtype=torch.long, device=self.device)
         return (prefix_length + depths)[None]
 
     def ancestor_mask(self) -> torch.Tensor:
         """``(1 + n, 1 + n)`` boolean: entry ``[i, j]`` is True iff fed token ``j`` is ``i`` or an ancestor of it
-        (index 0 is the root, node ``k`` is index ``k + 1``)."""
-        n, device = len(self), self.tokens.device
+        (index 0 is the root, node ``k`` is index ``k + 1``). Built once per tree, on its device."""
+        if self._ancestors is not None:
+            return self._ancestors
+        n, device = len(self), self.device
         mask = torch.eye(n + 1, dtype=torch.bool, device=device)
         mask[:, 0] = True
         # one step up the tree per depth level (not per node): up[i] is the parent of fed token i, the root its own
@@ -150,6 +179,7 @@ class TokenTree:
         for _ in range(self.max_depth - 1):
             ancestor = up[ancestor]
             mask[rows, ancestor] = True
+        self._ancestors = mask
         return mask
 
     def attention_mask(self, prefix_length: int) -> torch.Tensor:

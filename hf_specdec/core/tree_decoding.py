@@ -31,7 +31,8 @@ from .batch_decoding import batched_tree_generate
 from .generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
-    append_tokens,
+    StopRule,
+    check_generation_mode,
     check_inputs,
     finish,
     logits_to_keep,
@@ -42,7 +43,7 @@ from .generate_io import (
 from .kv_cache import check_tree_support, compact_cache
 from .proposer import StepFeedback, TreeProposer
 from .stats import DecodeStats
-from .timing import clock
+from .timing import clock, untimed
 from .tree import TokenTree, additive_mask
 
 __all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer interface lives in proposer.py
@@ -82,11 +83,13 @@ def tree_generate(
     for the whole batch (``batch_decoding.best_depth``).
     """
     device = input_ids.device  # the model's (check_inputs); timed regions wait for it (core/timing.py)
-    t_start = clock(device)
+    tick = clock if stats is not None else untimed  # no device sync for timings nobody asked for
+    t_start = tick(device)
     if proposer is None:
         raise SpecDecError(
             "tree_generate needs a proposer: generate(..., custom_generate=tree_generate, proposer=...)"
         )
+    check_generation_mode(generation_config or model.generation_config, "tree decoding")
     check_inputs(model, input_ids, model_kwargs, synced_gpus, "tree decoding", batch=True)
     if model_kwargs.get("use_cache") is False:
         raise SpecDecError("tree decoding needs the KV cache; do not pass use_cache=False")
@@ -116,16 +119,19 @@ def tree_generate(
         return sequences
     streamer = resolve_streamer(input_ids, streamer, specdec_streamer, tree_streamer=tree_streamer)
     stats = stats if stats is not None else DecodeStats()
+    stop = StopRule(stopping_criteria)
     do_sample = bool(cfg.do_sample)
     outputs = GenerateOutputs(cfg)
     need_hidden = outputs.hidden_states is not None or proposer.needs_hidden_states
+    # the layers whose hidden states are gathered to the accepted rows: all for the output, else the proposer's
+    hidden_layers = None if outputs.hidden_states is not None else proposer.hidden_layers
     need_attn = outputs.attentions is not None or proposer.needs_attentions
     cache, past = prepare_cache(model, input_ids, model_kwargs)
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
 
-    t0 = clock(device)
+    t0 = tick(device)
     proposer.start(model, input_ids, cfg)
-    stats.draft_time += clock(device) - t0
+    stats.draft_time += tick(device) - t0
 
     # The prefill is the first verification: the prompt tokens not in the cache yet, no tree below the last one.
     prefix, tree, draft_s, warned, is_prefill = past, TokenTree.empty(input_ids.device), 0.0, False, True
@@ -134,7 +140,7 @@ def tree_generate(
     mask = None
     while True:
         n = len(tree)
-        t0 = clock(device)
+        t0 = tick(device)
         out = model(
             input_ids=fed,
             position_ids=positions,
@@ -146,26 +152,24 @@ def tree_generate(
             return_dict=True,
             **logits_to_keep(model, 1 + n),
         )
-        verify_s = clock(device) - t0
+        verify_s = tick(device) - t0
         logits = out.logits[0, -(1 + n) :].to(torch.float32)  # row 0: the root (the prompt's last token)
         tree.check_vocab(logits.shape[-1])
         acc = accept_tree(tree, logits, input_ids, logits_processor, do_sample)
         before = input_ids.shape[1]
-        input_ids, finished = append_tokens(input_ids, acc.tokens, stopping_criteria)
+        input_ids, finished = stop.append(input_ids, acc.tokens)
         m = input_ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
         # fed rows that stay in the sequence: the ones before the root (prefill), the root, the accepted nodes
         root = fed.shape[1] - 1 - n
-        keep = torch.tensor(
-            [*range(root + 1), *(root + 1 + c for c in acc.nodes[: m - 1])],
-            dtype=torch.long,
-            device=input_ids.device,
-        )
+        kept = [*range(root + 1), *(root + 1 + c for c in acc.nodes[: m - 1])]
         if n:
-            compact_cache(cache, prefix, keep)
-        outputs.add(acc.scores[:m], logits[(keep[-m:] - root).to(logits.device)])
-        hidden = tuple(h[:, keep.to(h.device)] for h in out.hidden_states) if need_hidden else None
+            compact_cache(cache, prefix, kept)
+        if outputs.scores is not None or outputs.logits is not None:
+            outputs.add(acc.scores[:m], logits[[k - root for k in kept[-m:]]])
+        keep = torch.tensor(kept, dtype=torch.long, device=device) if need_hidden or need_attn else None
+        hidden = _gather_hidden(out.hidden_states, keep, hidden_layers) if need_hidden else None
         attn = _gather_attentions(out.attentions, prefix, keep) if need_attn else None
-        _add_states(outputs, hidden, attn, prefix, len(keep), m)
+        _add_states(outputs, hidden, attn, prefix, len(kept), m)
         del out
         if streamer is not None:
             streamer.put(input_ids[0, -m:].cpu())
@@ -185,7 +189,7 @@ def tree_generate(
             attn,
             is_prefill,
         )
-        draft_s += _observe(proposer, stats, feedback, device)
+        draft_s += _observe(proposer, stats, feedback, device, tick)
         stats.steps.append(
             dict(
                 nodes=n,
@@ -200,24 +204,39 @@ def tree_generate(
             break
 
         prefix = input_ids.shape[1] - 1  # == cache length: the root is not cached yet
-        tree, draft_s, warned = _propose(proposer, input_ids, max_length, cache, warned)
+        tree, draft_s, warned = _propose(proposer, input_ids, max_length, cache, warned, tick)
         is_prefill = False
         fed, positions = tree.flat_tokens(input_ids[0, -1]), tree.position_ids(prefix)
         mask = additive_mask(tree.attention_mask(prefix), model.dtype) if len(tree) else None
 
-    finish(stats, streamer, t_start, device)
+    finish(stats, streamer, t_start, device, tick)
     return outputs.result(input_ids, cache)
 
 
-def _propose(proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, cache: Cache, warned: bool):
+def _gather_hidden(hidden_states, keep: torch.Tensor, layers) -> tuple:
+    """The hidden states of the kept fed rows, per layer; only ``layers`` (``None``: every layer) are gathered, the
+    others are ``None`` (a drafter reads one layer: gathering all of them every step is wasted work)."""
+    return tuple(
+        h[:, keep.to(h.device)] if layers is None or i in layers else None
+        for i, h in enumerate(hidden_states)
+    )
+
+
+def _propose(
+    proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, cache: Cache, warned: bool, tick=clock
+):
     """The proposer's tree for the next step (cut to the length budget; empty near a sliding window), the seconds
     it took, and whether the sliding-window warning has been given."""
     budget = max_length - input_ids.shape[1] - 1
-    t0 = clock(input_ids.device)
+    t0 = tick(input_ids.device)
     tree = proposer.propose(input_ids, budget)
-    draft_s = clock(input_ids.device) - t0
+    draft_s = tick(input_ids.device) - t0
     tree = tree.truncate_depth(max(budget, 0))
-    tree.tokens = tree.tokens.to(input_ids.device)
+    if tree.device != input_ids.device:
+        raise SpecDecError(
+            f"{type(proposer).__name__} proposed a tree on {tree.device}, the input is on {input_ids.device}; "
+            "build the tree on input_ids.device"
+        )
     if len(tree) and not check_tree_support(cache, 1 + len(tree)):
         if not warned:
             logger.warning("a sliding-window cache layer is near its window: verifying without the tree")
@@ -239,10 +258,10 @@ def _add_states(outputs: GenerateOutputs, hidden, attn, prefix: int, kept: int, 
 
 
 def _observe(
-    proposer: TreeProposer, stats: DecodeStats, feedback: StepFeedback, device: torch.device
+    proposer: TreeProposer, stats: DecodeStats, feedback: StepFeedback, device: torch.device, tick=clock
 ) -> float:
-    t0 = clock(device)
+    t0 = tick(device)
     proposer.observe(feedback)
-    dt = clock(device) - t0
+    dt = tick(device) - t0
     stats.draft_time += dt
     return dt

@@ -90,10 +90,7 @@ class GrownTree:
     def token_tree(self, device: torch.device | str = "cpu") -> TokenTree:
         if not self.tokens:
             return TokenTree.empty(device)
-        return TokenTree(
-            torch.tensor(self.tokens, dtype=torch.long, device=device),
-            torch.tensor(self.parents, dtype=torch.long, device=device),
-        )
+        return TokenTree(self.tokens, self.parents, device=device)
 
 
 class Expander(Protocol):
@@ -114,7 +111,9 @@ def _top_children(
     values, indices = probs.float().topk(k, dim=-1)
     if token_ids is not None:
         indices = token_ids.to(indices.device)[indices]
-    return indices.tolist(), values.tolist()
+    # one host read per expansion (float64 holds every token id exactly)
+    packed = torch.stack([indices.double(), values.double()]).tolist()
+    return [[int(t) for t in row] for row in packed[0]], packed[1]
 
 
 def grow_pct(

@@ -38,6 +38,7 @@ class PLDPlusProposer(TreeProposer):
     def start(self, model, input_ids, generation_config) -> None:
         self.generator = self.make_generator()
         self._outputs = None
+        self.hidden_layers = (self.generator.layer,)  # the layer PLD+(h) ranks by: the only one read
 
     def observe(self, feedback: StepFeedback) -> None:
         if feedback.tree is not None:  # the batch may have cut the draft (batch_decoding.best_depth)
