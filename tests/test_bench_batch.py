@@ -134,8 +134,15 @@ def test_bench_batch_size(tiny_bytes_checkpoint, tmp_path, batch_size):
     assert saved["config"]["batch_size"] == batch_size and f"batch size {batch_size}," in report
     run_keys = {
         "method", "task", "n_prompts", "new_tokens", "seconds", "tokens_per_s", "speedup", "tau", "alpha",
-        "draft_share", "verify_share", "lossless", "identical", "ties", "failures",
+        "draft_share", "verify_share", "lossless", "identical", "ties", "failures", "split",
     }  # fmt: skip
+    for r in saved["runs"]:  # the per-step split: target + drafter + overhead is the wall time per step
+        s = r["split"]
+        per_step = r["seconds"] / s["steps"] * 1000
+        assert abs(s["target_ms"] + s["drafter_ms"] + s["overhead_ms"] - per_step) < 0.01 * per_step + 0.01
+        assert s["one_token_forward_ms"] > 0 and s["target_fwd"] > 0
+        assert (s.get("syncs_per_step") is not None) == (batch_size == 1)
+    assert "| host syncs/step |" in report
     verdict = {"identical", "lossless", "first_diff", "gap", "reason"}
     if batch_size == 1:
         assert set(saved) == {"command", "config", "runs", "drafter_cost", "per_prompt"}

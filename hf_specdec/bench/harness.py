@@ -15,22 +15,25 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
-from ..core.stats import DecodeStats, ForwardMeter
+from ..core.stats import DecodeStats
 from ..core.timing import clock
 from ..errors import SpecDecError
 from ..machine import describe_machine, resolve_auto_dtype
 from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
-from .methods import BenchContext, get_method, left_pad, pad_token_id, run_row
+from .methods import BenchContext, get_method, left_pad, metered, pad_token_id, run_row
 from .own_models import OwnModels, setup_runners
 from .report import write_outputs
+from .step_split import one_token_forward, step_split
 
 REFERENCE = "ar"
 
 
-def _run_one(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], DecodeStats]:
-    return run_row(method, model, input_ids, max_new_tokens)
+def _run_one(
+    method, model, input_ids: torch.Tensor, max_new_tokens: int, count_syncs: bool = False
+) -> tuple[list[int], DecodeStats]:
+    return run_row(method, model, input_ids, max_new_tokens, count_syncs)
 
 
 def _run_batch(
@@ -41,12 +44,13 @@ def _run_batch(
     method that returns none gets the rows of every forward, an upper bound when finished rows ride along) and the
     number of actual forwards of the target."""
     generate = method.generate_batch if method.batchable else method.generate_rows
-    with ForwardMeter(model) as meter:
+    with metered(method, model) as (meter, drafter_meter):
         t0 = clock(meter.device)
         rows, stats = generate(input_ids, attention_mask, max_new_tokens)
         elapsed = clock(meter.device) - t0
     rows = [[int(t) for t in row] for row in rows]
     stats = DecodeStats() if stats is None else stats
+    meter.split(stats, drafter_meter)
     stats.new_tokens, stats.total_time = sum(len(r) for r in rows), elapsed
     if not stats.target_forwards:
         stats.target_forwards = sum(meter.batch_sizes)
@@ -185,6 +189,7 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
     tasks = list(datasets)
     total = sum(len(d) for d in datasets.values())
     records: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in names for t in tasks}
+    syncs: dict[tuple[str, str], list[tuple[int, int]]] = {(m, t): [] for m in names for t in tasks}
     bar = tqdm(total=total, desc="bench prompts", unit="prompt")
     for task, ds in datasets.items():
         for i, row in enumerate(ds):
@@ -193,6 +198,10 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
             outputs = {}
             for name in order:
                 outputs[name] = _run_one(runners[name], runners[name].model, input_ids, max_new_tokens)
+            if i == 0:  # untimed: count the host syncs of each method on the task's first prompt
+                for name in names:
+                    _, counted = _run_one(runners[name], runners[name].model, input_ids, max_new_tokens, True)
+                    syncs[(name, task)].append((counted.host_syncs, counted.forwards))
             reference = outputs[REFERENCE][0]
             for name in names:
                 tokens, stats = outputs[name]
@@ -214,8 +223,11 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
     runs = []
     for task in tasks:
         ref = _aggregate(REFERENCE, task, records[(REFERENCE, task)], None)
+        unit = one_token_forward(records[(REFERENCE, task)])
         for name in names:
-            runs.append(_aggregate(name, task, records[(name, task)], ref["tokens_per_s"]))
+            run = _aggregate(name, task, records[(name, task)], ref["tokens_per_s"])
+            run["split"] = step_split(records[(name, task)], unit, syncs[(name, task)])
+            runs.append(run)
     return runs, {f"{m}/{t}": r for (m, t), r in records.items()}
 
 
@@ -309,6 +321,7 @@ def _bench_batches(
         for name in names:
             records, rows = batches_of[(name, task)], rows_of[(name, task)]
             run = _aggregate(name, task, records, ref["tokens_per_s"], rows)
+            run["split"] = step_split(records, one_token_forward(batches_of[(REFERENCE, task)]))
             run.update(
                 batch_size=batch_size,
                 batched=runners[name].batchable,

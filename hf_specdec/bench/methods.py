@@ -15,6 +15,7 @@ harness calls ``generate_rows`` for every method whose ``batchable`` is False, a
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ import torch
 
 from ..core.assisted import batch_stats
 from ..core.generate_io import eos_token_ids
-from ..core.stats import DecodeStats, ForwardMeter
+from ..core.host_syncs import HostSyncCounter
+from ..core.stats import DecodeStats, DrafterMeter, ForwardMeter
 from ..core.timing import clock
 from ..errors import SpecDecError
 
@@ -102,10 +104,27 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
-def run_row(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], DecodeStats]:
+@contextlib.contextmanager
+def metered(method, model, syncs: HostSyncCounter | None = None):
+    """The target's :class:`ForwardMeter` and, for a method with a drafter, its :class:`DrafterMeter` (``None``
+    otherwise), both pausing ``syncs`` inside their forwards: what the bench's per-step split reads."""
+    with contextlib.ExitStack() as stack:
+        meter = stack.enter_context(ForwardMeter(model))
+        meter.syncs = syncs
+        drafter = getattr(method, "drafter", None)
+        drafter_meter = None if drafter is None else stack.enter_context(DrafterMeter(drafter, syncs))
+        yield meter, drafter_meter
+
+
+def run_row(
+    method, model, input_ids: torch.Tensor, max_new_tokens: int, count_syncs: bool = False
+) -> tuple[list[int], DecodeStats]:
     """One timed ``method.generate`` on one unpadded prompt (1, P), stats inferred from ``model``'s forwards when the
-    method returns none (``ForwardMeter.chain_stats``)."""
-    with ForwardMeter(model) as meter:
+    method returns none (``ForwardMeter.chain_stats``), with the per-step split (target / drafter forwards) filled
+    in. ``count_syncs``: also count the host syncs outside forwards (``core/host_syncs.py``; for an untimed pass:
+    counting slows the loop down)."""
+    syncs = HostSyncCounter() if count_syncs else contextlib.nullcontext()
+    with syncs, metered(method, model, syncs if count_syncs else None) as (meter, drafter_meter):
         t0 = clock(meter.device)
         tokens, stats = method.generate(input_ids, max_new_tokens)
         elapsed = clock(meter.device) - t0
@@ -115,6 +134,9 @@ def run_row(method, model, input_ids: torch.Tensor, max_new_tokens: int) -> tupl
     stats.new_tokens, stats.total_time = len(tokens), elapsed
     if not stats.target_forwards:
         stats.target_forwards, stats.verify_time = meter.calls, meter.time
+    meter.split(stats, drafter_meter)
+    if count_syncs:
+        stats.host_syncs = syncs.total
     return tokens, stats
 
 

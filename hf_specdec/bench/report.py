@@ -60,6 +60,29 @@ def report_markdown(results: dict) -> str:
         "alpha = accepted / drafted tokens; shares are of wall time (draft share = all time outside target forwards).",
         "",
     ]
+    split = [r for r in results["runs"] if r.get("split")]
+    if split:
+        unit = next((r["split"].get("one_token_forward_ms") for r in split if r["method"] == "ar"), None)
+        lines += [
+            "Per step (one target forward call): time in target forwards, in drafter forwards and outside any "
+            f"forward (overhead), in ms and in one-token forwards of `ar` in this run ({_fmt(unit)} ms); host syncs "
+            "per step (device-to-host reads outside forwards) from one untimed generation per task.",
+            "",
+            "| task | method | speedup | tau | target ms (fwd) | drafter ms (fwd) | overhead ms (fwd) | host syncs/step |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in split:
+            s = r["split"]
+            cells = [
+                f"{_fmt(s.get(f'{part}_ms'), '{:.1f}')} ({_fmt(s.get(f'{part}_fwd'), '{:.3f}')})"
+                for part in ("target", "drafter", "overhead")
+            ]
+            lines.append(
+                f"| {r['task']} | {r['method']} | {_fmt(r['speedup'])}x | {_fmt(r['tau'])} | "
+                + " | ".join(cells)
+                + f" | {_fmt(s.get('syncs_per_step'), '{:.1f}')} |"
+            )
+        lines.append("")
     if batched:
         b = cfg["batch_size"]
         lines += [

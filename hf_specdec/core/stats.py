@@ -30,6 +30,14 @@ class DecodeStats:
     batched_forwards: int = (
         0  # batch > 1 (core/batch_decoding.py): forwards; target_forwards counts row-forwards
     )
+    # the per-step split (filled by the bench's meters, bench/methods.run_row): seconds inside target forwards and
+    # inside drafter forwards; the rest of total_time is overhead. forwards: target forward calls (a batched forward
+    # counts once); one_token_forward: median seconds of this run's one-token target forwards (None if it had none)
+    target_time: float = 0.0
+    drafter_time: float = 0.0
+    forwards: int = 0
+    one_token_forward: float | None = None
+    host_syncs: int | None = None  # device-to-host reads outside forwards (core/host_syncs.py), when counted
     steps: list[dict] = field(default_factory=list)
 
     @property
@@ -61,6 +69,8 @@ class ForwardMeter:
         self.time = 0.0
         self.query_lengths: list[int] = []
         self.batch_sizes: list[int] = []  # rows of each forward
+        self.times: list[float] = []  # seconds of each forward
+        self.syncs = None  # a HostSyncCounter paused inside the forwards (core/host_syncs.py), if counting
         self._t0 = 0.0
         self._handles: list = []
         self.device = device_of(module)  # timed regions wait for it (core/timing.py)
@@ -71,11 +81,22 @@ class ForwardMeter:
             ids = kwargs.get("inputs_embeds")
         self.query_lengths.append(int(ids.shape[1]) if ids is not None else 0)
         self.batch_sizes.append(int(ids.shape[0]) if ids is not None else 0)
+        if self.syncs is not None:
+            self.syncs.pause()
         self._t0 = clock(self.device)
 
     def _post(self, module, args, kwargs, output):
+        dt = clock(self.device) - self._t0
+        if self.syncs is not None:
+            self.syncs.resume()
         self.calls += 1
-        self.time += clock(self.device) - self._t0
+        self.time += dt
+        self.times.append(dt)
+
+    def one_token_forward(self) -> float | None:
+        """Median seconds of the one-token forwards (plain decoding steps) seen, ``None`` if there were none."""
+        times = sorted(t for t, q in zip(self.times, self.query_lengths) if q == 1)
+        return times[len(times) // 2] if times else None
 
     def __enter__(self) -> ForwardMeter:
         self._handles = [
@@ -88,6 +109,13 @@ class ForwardMeter:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    def split(self, stats: DecodeStats, drafter: DrafterMeter | None) -> DecodeStats:
+        """Fill ``stats``' per-step split from this meter (the target) and ``drafter``'s."""
+        stats.target_time, stats.forwards = self.time, self.calls
+        stats.drafter_time = drafter.time if drafter is not None else 0.0
+        stats.one_token_forward = self.one_token_forward()
+        return stats
 
     def chain_stats(
         self, prompt_len: int, new_tokens: int, total_time: float, draft_time: float | None = None
@@ -111,3 +139,51 @@ class ForwardMeter:
             draft_time=(total_time - self.time) if draft_time is None else draft_time,
             total_time=total_time,
         )
+
+
+class DrafterMeter:
+    """Times a drafter's forwards: the calls of its forward methods (``hidden_states`` / ``decode`` / ``draft_logits``,
+    whichever it has; ``modeling/``), wrapped on the instance for the duration of the block. Nested calls count once.
+    With a ``HostSyncCounter`` as ``syncs``, counting pauses inside them (a forward's internals are the model's)."""
+
+    METHODS = ("hidden_states", "decode", "draft_logits")
+
+    def __init__(self, drafter, syncs=None):
+        self.drafter, self.syncs = drafter, syncs
+        self.time, self.calls = 0.0, 0
+        self.device = device_of(drafter)
+        self._depth, self._t0 = 0, 0.0
+        self._wrapped: list[str] = []
+
+    def _wrap(self, original):
+        meter = self
+
+        def timed(*args, **kwargs):
+            if meter._depth == 0:
+                if meter.syncs is not None:
+                    meter.syncs.pause()
+                meter._t0 = clock(meter.device)
+            meter._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                meter._depth -= 1
+                if meter._depth == 0:
+                    meter.time += clock(meter.device) - meter._t0
+                    meter.calls += 1
+                    if meter.syncs is not None:
+                        meter.syncs.resume()
+
+        return timed
+
+    def __enter__(self) -> DrafterMeter:
+        for name in self.METHODS:
+            if callable(getattr(self.drafter, name, None)):
+                setattr(self.drafter, name, self._wrap(getattr(self.drafter, name)))
+                self._wrapped.append(name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self._wrapped:
+            delattr(self.drafter, name)  # the instance attribute: the class's method shows again
+        self._wrapped = []
