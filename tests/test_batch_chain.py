@@ -88,7 +88,7 @@ def test_each_row_equals_the_row_alone(kind, monkeypatch):
 def test_make_tree_proposer_is_the_chain():
     target, glide = target_and_drafter("glide")
     proposer = glide.make_tree_proposer(target=target, generation_config=target.generation_config)
-    assert isinstance(proposer, CapeProposer) and proposer.expansion == CHAIN and proposer.cost is None
+    assert isinstance(proposer, CapeProposer) and proposer.expansion == CHAIN and proposer.budget is None
     assert proposer.gamma == 5  # the drafter's num_assistant_tokens (DEFAULT_GAMMA)
     target, edd = target_and_drafter("edd")
     edd.generation_config.num_assistant_tokens = 4

@@ -308,7 +308,12 @@ def test_bench_method_glide_cape(tmp_path):
     _drafter(target).save_pretrained(tmp_path)
     method = get_method("glide-cape")()
     method.setup(
-        BenchContext(target, None, "fp32", {"glide": str(tmp_path), "gamma": "3", "cape_bins": "0.5:2,1:1"})
+        BenchContext(
+            target,
+            None,
+            "fp32",
+            {"glide": str(tmp_path), "gamma": "3", "cape_bins": "0.5:2,1:1", "cape_cost": "0"},
+        )
     )
     assert method.drafter.generation_config.num_assistant_tokens == 3
     prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(0))
@@ -362,17 +367,40 @@ def test_real_target_trained_glide_cape_is_identical(real_target):
     assert accepted > 0
 
 
-def test_trim_by_cost_keeps_tokens_that_pay_for_their_verification():
+def test_draft_budget_keeps_the_cape_tokens_that_pay_for_their_verification():
+    from hf_specdec.core.draft_budget import DraftBudget
     from hf_specdec.core.verify_cost import CostCurve
-    from hf_specdec.glide.cape import trim_by_cost
+    from hf_specdec.glide.cape import cape_tree, node_estimates
 
     confidences = [0.5, 0.9, 0.2]
-    sibling_probs = [[0.3, 0.1], [0.05], [0.4, 0.3, 0.01]]  # gains: 0.3, 0.1 | 0.025 | 0.18, 0.135, 0.0045
-    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.0)) == [2, 1, 3]  # free: keep S(p)
-    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.12)) == [1, 0, 2]
-    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.5)) == [0, 0, 0]
+    sibling_probs = [[0.3, 0.1], [0.05], [0.4, 0.3, 0.01]]
+    # node order: proposal 0.5, 0.45, 0.09 | X_1 0.3, 0.1 | X_2 0.025 | X_3 0.18, 0.135, 0.0045
+    estimates = node_estimates(confidences, sibling_probs)
+    assert estimates == pytest.approx([0.5, 0.45, 0.09, 0.3, 0.1, 0.025, 0.18, 0.135, 0.0045])
+    depths = cape_tree([1, 2, 3], [[4, 5], [6], [7, 8, 9]]).depths
+    assert DraftBudget(CostCurve.linear(0.0)).keep(estimates, depths) == list(
+        range(9)
+    )  # free: the whole tree
+    # linear 0.12, free drafter: a node is kept while e >= 0.12 * E / T; after 0.5, 0.45, 0.3, E / T = 2.25 / 1.36,
+    # so 0.18 needs 0.199 and the tree stops
+    assert DraftBudget(CostCurve.linear(0.12)).keep(estimates, depths) == [0, 1, 3]
+    assert DraftBudget(CostCurve.linear(0.6)).keep(estimates, depths) == []  # too dear: no draft at all
     # in a batch of 2 rows a node's marginal cost counts twice (issue #17)
-    assert trim_by_cost(confidences, sibling_probs, CostCurve.linear(0.06), rows=2) == [1, 0, 2]
-    # a curve that gets steeper: the 4th expansion token costs more than the 1st
-    steep = CostCurve({1: 1.0, 5: 1.0, 6: 1.05, 7: 1.2, 8: 1.5})
-    assert trim_by_cost(confidences, sibling_probs, steep) == [1, 0, 1]
+    assert DraftBudget(CostCurve.linear(0.06), rows=2).keep(estimates, depths) == [0, 1, 3]
+    # the drafter forwards already spent (3 x 0.5) lower E / T, hence the bar: 0.18, 0.135 and 0.1 pay too
+    assert DraftBudget(CostCurve.linear(0.12), 0.5).keep(estimates, depths, forwards=3) == [0, 1, 3, 4, 6, 7]
+    # a kept set is a tree: a node's parent is always kept before it (estimates never grow down a path)
+    tree = cape_tree([1, 2, 3], [[4, 5], [6], [7, 8, 9]])
+    for slope in (0.01, 0.05, 0.1, 0.2, 0.3):
+        kept = set(DraftBudget(CostCurve.linear(slope)).keep(estimates, depths))
+        assert all(tree.parent_list[i] in kept | {-1} for i in kept)
+
+
+def test_draft_budget_runs_a_drafter_forward_only_when_it_can_pay():
+    from hf_specdec.core.draft_budget import DraftBudget
+    from hf_specdec.core.verify_cost import CostCurve
+
+    budget = DraftBudget(CostCurve.linear(0.1), drafter_cost=0.05)
+    assert budget.worth_drafting(0.16, n=1)  # 0.16 >= 0.05 + 0.1
+    assert not budget.worth_drafting(0.14, n=1)
+    assert DraftBudget(CostCurve.linear(0.0), 0.0).worth_drafting(1e-9, n=30)  # free: always deeper

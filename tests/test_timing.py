@@ -51,12 +51,19 @@ def test_pct_step_timer_times_through_the_helper(monkeypatch):
     target = tiny_llama()
     edd = EddForCausalLM(EddConfig.for_target(target)).eval()
     edd.init_from_target(target)
-    proposer = EddTreeProposer(edd, "pct")  # no fixed ratio: calibrated, then s_d / s_t measured every step
+    # the paper's PCT (no cost rule, no fixed ratio): calibrated, then s_d / s_t measured every step
+    proposer = EddTreeProposer(edd, "pct", cost=False)
     target.generate(
         torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, custom_generate=tree_generate, proposer=proposer
     )
     assert proposer.calibrated and proposer.timer.s_d is not None and proposer.timer.s_t is not None
     assert len(calls) >= 4 and set(calls) == {torch.device("cpu")}
+    # under the cost rule (the default) the costs are measured once, and nothing is timed while decoding
+    proposer = EddTreeProposer(edd, "pct")
+    target.generate(
+        torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, custom_generate=tree_generate, proposer=proposer
+    )
+    assert proposer.budget is not None and proposer.timer.s_d is None and proposer.timer.s_t is None
 
 
 def test_decoding_statistics_time_through_the_helper(monkeypatch):

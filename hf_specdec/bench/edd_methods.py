@@ -90,6 +90,7 @@ class _EddTree(GenerateCallMethod):
                 removal_threshold=float(o.get("pct_removal", 0.01)),
                 ratio=float(o["pct_ratio"]) if "pct_ratio" in o else None,
                 confidence_temperature=float(o["pct_temperature"]) if "pct_temperature" in o else None,
+                cost=o.get("pct_cost", "1") not in ("0", "false", "False", "no"),
             )
         elif self.builder == "eagle2":
             kwargs = dict(total_tokens=int(o.get("eagle2_total", 50)))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from ..core.draft_budget import DraftBudget, measured_drafter_cost
 from ..core.timing import clock, device_of
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer
+from ..core.verify_cost import measured_cost
 from ..errors import SpecDecError
 from .draft_state import EddDraftState
 from .pct import (
@@ -68,7 +70,14 @@ class EddTreeProposer(TreeProposer):
     ``start`` (a target forward and an EDD forward over a few tokens). ``ratio=`` pins it.
 
     Confidences are ``softmax(logits / T)`` with the drafter's calibrated ``config.confidence_temperature``
-    (``trainers/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax)."""
+    (``trainers/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax).
+
+    ``cost`` (PCT only; default on): size the tree by its cost on this machine (``core/draft_budget.py``): a frontier
+    node is expanded when its estimate pays for a drafter forward and its verification (eq. 5's s_d/s_t read as the
+    measured costs, ``c_d + c(3) - c(2)``, with no timing during decoding), and the grown tree keeps the nodes that pay
+    for their verification. ``True`` measures the cost curve and c_d once per machine (cached on the models), a
+    ``DraftBudget`` is used as given, ``False`` is the paper's PCT (s_d/s_t timed as it decodes, removal threshold).
+    ``ratio=`` pins s_d/s_t and turns the cost rule off."""
 
     needs_hidden_states = True
 
@@ -82,6 +91,7 @@ class EddTreeProposer(TreeProposer):
         total_tokens: int = EAGLE2_TOTAL,
         ratio: float | None = None,
         confidence_temperature: float | None = None,
+        cost: bool | DraftBudget = True,
     ):
         if builder not in TREE_BUILDERS:
             raise SpecDecError(
@@ -102,6 +112,8 @@ class EddTreeProposer(TreeProposer):
             raise SpecDecError(f"confidence_temperature must be > 0, got {confidence_temperature!r}")
         self.confidence_temperature = confidence_temperature
         self.timer = StepTimer(fixed_ratio=ratio)
+        self.cost = cost if builder == "pct" and ratio is None else False
+        self.budget: DraftBudget | None = cost if isinstance(cost, DraftBudget) else None
         self.calibrated = False
         self.last_tree: GrownTree | None = None
         self._t_proposed: float | None = None
@@ -127,13 +139,23 @@ class EddTreeProposer(TreeProposer):
     def start(self, model, input_ids, generation_config) -> None:
         if self.edd.target is not model:
             self.edd.attach_target(model)
-        if not self.calibrated and self.timer.fixed_ratio is None and self.builder == "pct":
+        if self.cost is True and self.budget is None:
+            self.budget = DraftBudget(
+                measured_cost(model, input_ids[0]), measured_drafter_cost(self.edd, model)
+            )
+        if (
+            self.budget is None
+            and not self.calibrated
+            and self.timer.fixed_ratio is None
+            and self.builder == "pct"
+        ):
             self.calibrate(model, input_ids)
         self.state = EddDraftState(self.edd)
         self._t_proposed = None
+        self.hidden_layers = (self.edd.config.encoder_layer,)  # the soft prompt's layer: the only one read
 
     def observe(self, feedback: StepFeedback) -> None:
-        if self._t_proposed is not None:
+        if self._t_proposed is not None and self.budget is None:
             self.timer.target(clock(device_of(self.edd)) - self._t_proposed)
             self._t_proposed = None
         if self.state.soft_prompt:
@@ -143,11 +165,13 @@ class EddTreeProposer(TreeProposer):
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         depth = min(self.depth, max_depth)
         if depth <= 0:
-            self._t_proposed = clock(input_ids.device)
+            self._t_proposed = None if self.budget is not None else clock(input_ids.device)
             return TokenTree.empty(input_ids.device)
-        grown = self.grow(self.expander(self.state, input_ids, self.timer), depth)
+        timer = None if self.budget is not None else self.timer  # no timing under the cost rule
+        grown = self.grow(self.expander(self.state, input_ids, timer), depth)
         self.last_tree = grown
-        self._t_proposed = clock(input_ids.device)
+        if self.budget is None:
+            self._t_proposed = clock(input_ids.device)
         return grown.token_tree(input_ids.device)
 
     def expander(
@@ -158,6 +182,10 @@ class EddTreeProposer(TreeProposer):
 
     def grow(self, expander, depth: int) -> GrownTree:
         """This proposer's tree (``builder`` and its settings) from ``expander``, at most ``depth`` deep."""
+        if self.builder == "pct" and self.budget is not None:
+            threshold = self.budget.drafter_cost + self.budget.marginal(1)
+            grown = grow_pct(expander, threshold, self.width, depth, self.removal_threshold)
+            return grown.subset(self.budget.keep(grown.estimate, grown.depth, grown.expansions))
         if self.builder == "pct":
             return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)
         if self.builder == "vct":

@@ -30,16 +30,16 @@ tree's nodes are in the paper's linearized order (proposal first, then the expan
 keeps the longest accepted path. All drafts are deterministic (``draft_probs=None``, i.e. one-hot q), for which
 tree speculative sampling is lossless; greedy is token-identical to plain greedy decoding.
 
-**Verification cost (an extension for hardware where verifying more tokens is not free).** S(p) sizes the sets
-for a GPU, where a forward over 40 tokens costs about what one over 6 costs. On a CPU each extra node costs time,
-so with ``cape_cost`` (on by default: the cost curve ``c(q)`` measured on this machine,
-``verify_cost.measured_cost``) an expansion token is kept only if it pays for itself: its expected gain,
-``P(reach position i) * p_D(token)`` with ``P(reach i) = p_1 * ... * p_{i-1}`` (the proposal's confidences
-before it), must be at least the marginal cost ``c(n + 1) - c(n)`` of one more verified token (in one-token
-forwards, as PCT's ``p >= s_d/s_t``). Tokens are taken best gain first. Where ``c`` is flat (a GPU) this keeps
-the whole of S(p); ``cape_cost=False`` always does.
+**Drafts sized by their cost (an extension for hardware where verifying and drafting are not free).** S(p) and
+gamma size the draft for a GPU, where a forward over 40 tokens costs about what one over 6 costs. On a CPU each
+verified node and each drafter forward costs time, so with ``cape_cost`` (on by default: the cost curve ``c(q)`` and
+the drafter's cost c measured on this machine) the proposal goes one position deeper only while the tokens so far
+are likely enough to pay for that drafter forward, and the tree keeps only the tokens whose estimated acceptance,
+``p_1 * ... * p_i`` for a proposal token and ``P(reach i) * p_D(token)`` for an expansion token, pays for their
+verification (``core/draft_budget.py`` derives the rule). Where ``c`` is flat and the drafter cheap (a GPU) this
+keeps the paper's tree; ``cape_cost=False`` always does.
 
-The drafter keeps its own self-attention cache across steps (``glide_generation.GlideDraftCache``, shared with the
+The drafter keeps its own self-attention cache across steps (``glide.candidate_generator.GlideDraftCache``, shared with the
 chain generator): it is cropped to the committed tokens it already holds, so only the tokens after it (the
 accepted expansion token or bonus token, and the root) are fed on the next step.
 """
@@ -52,6 +52,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ..core.chain_drafting import chain_length
+from ..core.draft_budget import DraftBudget, measured_drafter_cost
 from ..core.generate_io import check_generation_mode, check_prompt, eos_token_ids, first_row
 from ..core.stats import DecodeStats
 from ..core.tree import ROOT, TokenTree
@@ -96,32 +97,26 @@ def expand(
     of probability 0 are left out) and the set's probabilities."""
     k_max = max(k for _, k in expansion)
     top = probs.topk(min(k_max + 1, probs.numel()))
-    p = float(top.values[0])
+    # one host read per draft position (float64 holds every token id exactly)
+    packed = torch.cat([top.values.double(), top.indices.double()]).tolist()
+    width = top.values.numel()
+    values, indices = packed[:width], [int(t) for t in packed[width:]]
+    p = values[0]
     k = expansion_size(p, expansion)
-    values, indices = top.values[1 : 1 + k], top.indices[1 : 1 + k]
-    keep = values > 0
-    return int(top.indices[0]), p, indices[keep].tolist(), values[keep].tolist()
+    kept = [j for j in range(1, min(1 + k, width)) if values[j] > 0]
+    return indices[0], p, [indices[j] for j in kept], [values[j] for j in kept]
 
 
-def trim_by_cost(
-    confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]], cost: CostCurve, rows: int = 1
-) -> list[int]:
-    """How many tokens of each expansion set to keep: best expected gain ``P(reach i) * q`` first, while it is at
-    least the marginal verification cost ``c(n + 1) - c(n)`` (``n`` = tokens verified so far: root + proposal +
-    kept expansion tokens). Sets are sorted by probability, so each keeps a prefix. In a batch of ``rows`` rows
-    (``cost`` the batch's curve) a wider tree slows every row: the marginal cost counts ``rows`` times."""
-    reach, gains = 1.0, []
-    for i, (p, probs) in enumerate(zip(confidences, sibling_probs)):
-        gains += [(reach * q, i) for q in probs]
+def node_estimates(confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]]) -> list[float]:
+    """Each node's estimated acceptance probability, in :func:`cape_tree`'s node order: proposal token ``i``
+    ``p_1 * ... * p_i``, an expansion token of position ``i`` ``P(reach i) * q`` (``P(reach i) = p_1 * ... *
+    p_{i-1}``; ``q`` its draft probability)."""
+    reach, chain, leaves = 1.0, [], []
+    for p, probs in zip(confidences, sibling_probs):
+        leaves += [reach * q for q in probs]
         reach *= p
-    keep = [0] * len(confidences)
-    n = 1 + len(confidences)
-    for gain, i in sorted(gains, reverse=True):
-        if gain < rows * (cost(n + 1) - cost(n)):
-            break
-        keep[i] += 1
-        n += 1
-    return keep
+        chain.append(reach)
+    return chain + leaves
 
 
 def cape_tree(
@@ -134,17 +129,16 @@ def cape_tree(
     for i, tokens_i in enumerate(expansions):
         tokens += [int(t) for t in tokens_i]
         parents += [i - 1] * len(tokens_i)
-    return TokenTree(
-        torch.tensor(tokens, dtype=torch.long, device=device),
-        torch.tensor(parents, dtype=torch.long, device=device),
-    )
+    return TokenTree(tokens, parents, device=device)
 
 
 class CapeProposer(TreeProposer):
     """GLIDE + CAPE as a :class:`~hf_specdec.core.tree_decoding.TreeProposer` (see the module docstring).
 
     ``gamma`` (default: the drafter's ``num_assistant_tokens``, else 5) drafter forwards per step build the chain
-    and every expansion set. ``expansion`` is the S(p) table. ``rows``: the batch's rows (``trim_by_cost``).
+    and every expansion set. ``expansion`` is the S(p) table. ``budget``: size the draft by its cost
+    (``core/draft_budget.py``: a deeper draft only while it can pay for its drafter forward, then the nodes that pay
+    for their verification); ``None`` keeps all of S(p) and gamma, as in the paper.
     ``logits_processor``: the processors of the ``generate`` call (``glide_cape`` passes them), used to rank the draft
     tokens. After each ``propose``,
     ``last_confidences`` / ``last_sizes`` hold p_i and |X_i| per position.
@@ -156,8 +150,7 @@ class CapeProposer(TreeProposer):
         gamma: int | None = None,
         expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION,
         logits_processor: LogitsProcessorList | None = None,
-        cost: CostCurve | None = None,
-        rows: int = 1,
+        budget: DraftBudget | None = None,
     ):
         if not (hasattr(drafter, "hidden_states") and hasattr(drafter, "draft_logits")):
             raise SpecDecError(
@@ -170,8 +163,8 @@ class CapeProposer(TreeProposer):
         self.gamma = int(gamma)
         self.expansion = check_expansion(expansion)
         self.logits_processor = logits_processor
-        self.cost = cost
-        self.rows = rows
+        self.budget = budget
+        self.vocab_ids: list[int] | None = None  # the draft vocabulary's token ids, on the host
         self.state: GlideDraftCache | None = None
         self.target_cache = None
         self.eos: set[int] = set()
@@ -184,6 +177,8 @@ class CapeProposer(TreeProposer):
         self.state = GlideDraftCache(self.drafter)
         self.target_cache = None
         self.eos = set(eos_token_ids(generation_config))
+        ids = self.drafter.draft_vocab_ids
+        self.vocab_ids = None if ids is None else ids.tolist()  # read once per generation
 
     def observe(self, feedback: StepFeedback) -> None:
         self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
@@ -198,10 +193,10 @@ class CapeProposer(TreeProposer):
             full = self.logits_processor(sequence, full.to(sequence.device))[0]
             return expand(full.softmax(-1), self.expansion)
         token, p, siblings, probs = expand(logits.softmax(-1), self.expansion)
-        ids = self.drafter.draft_vocab_ids
+        ids = self.vocab_ids
         if ids is None:
             return token, p, siblings, probs
-        return int(ids[token]), p, ids[siblings].tolist() if siblings else [], probs
+        return ids[token], p, [ids[s] for s in siblings], probs
 
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
@@ -214,6 +209,7 @@ class CapeProposer(TreeProposer):
         proposal: list[int] = []
         expansions: list[list[int]] = []
         sibling_probs: list[list[float]] = []
+        reach = 1.0  # P(every proposal token so far is accepted), as the drafter estimates it
         for i in range(gamma):
             logits = self.state.step(step_ids, self.target_cache)[0]
             token, p, siblings, probs = self._rank(sequence, logits)
@@ -221,15 +217,26 @@ class CapeProposer(TreeProposer):
             expansions.append(siblings)
             sibling_probs.append(probs)
             self.last_confidences.append(p)
+            reach *= p
             if token in self.eos or i == gamma - 1:
+                break
+            if self.budget is not None and not self.budget.worth_drafting(reach, len(proposal)):
                 break
             step_ids = input_ids.new_tensor([[token]])
             sequence = torch.cat([sequence, step_ids], dim=1)
-        if self.cost is not None:
-            keep = trim_by_cost(self.last_confidences, sibling_probs, self.cost, self.rows)
-            expansions = [siblings[:k] for siblings, k in zip(expansions, keep)]
-        self.last_sizes = [len(siblings) for siblings in expansions]
-        return cape_tree(proposal, expansions, input_ids.device)
+        tree = cape_tree(proposal, expansions, input_ids.device)
+        position = [*range(len(proposal)), *(i for i, siblings in enumerate(expansions) for _ in siblings)]
+        kept = range(len(tree))
+        if self.budget is not None:
+            kept = self.budget.keep(
+                node_estimates(self.last_confidences, sibling_probs), tree.depths, len(proposal)
+            )
+            tree = tree.subset(kept)
+        self.last_sizes = [0] * len(proposal)  # |X_i| as verified
+        for node in kept:
+            if node >= len(proposal):
+                self.last_sizes[position[node]] += 1
+        return tree
 
 
 def chain_proposer(drafter, logits_processor: LogitsProcessorList | None = None) -> CapeProposer:
@@ -239,7 +246,7 @@ def chain_proposer(drafter, logits_processor: LogitsProcessorList | None = None)
     drafter's distribution (after ``logits_processor``): deterministic, so the tree core verifies it losslessly
     greedily and with sampling (one-hot q)."""
     return CapeProposer(
-        drafter, chain_length(drafter), expansion=CHAIN, logits_processor=logits_processor, cost=None
+        drafter, chain_length(drafter), expansion=CHAIN, logits_processor=logits_processor, budget=None
     )
 
 
@@ -270,9 +277,10 @@ def glide_cape(
         drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed).
         cape_gamma: gamma, proposal length (default: the drafter's ``num_assistant_tokens``, else 5).
         cape_expansion: S(p) as ``[(upper, K), ...]`` (default :data:`DEFAULT_EXPANSION`).
-        cape_cost: keep only expansion tokens that pay their verification cost (module docstring): ``True``
-            measures the cost curve on this machine (once, cached on the model), a ``CostCurve`` is used as given,
-            ``False`` keeps every token of S(p) as in the paper.
+        cape_cost: size the draft by its cost (module docstring, ``core/draft_budget.py``): ``True`` measures the
+            verification cost curve and the drafter's cost c on this machine (once, cached on the models), a
+            ``CostCurve`` or a ``DraftBudget`` is used as given (a bare curve with a free drafter), ``False`` drafts
+            gamma tokens and keeps every token of S(p), as in the paper.
         stats: a ``DecodeStats`` to fill (tau = new tokens per target forward; ``steps[i]["nodes"]``).
     """
     if drafter is None:
@@ -284,18 +292,22 @@ def glide_cape(
         generation_config or model.generation_config, "custom_generate=hf_specdec.glide_cape"
     )
     check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
-    rows = input_ids.shape[0]  # a batch's rows share each verification forward (trim_by_cost)
+    rows = input_ids.shape[0]  # a batch's rows share each verification forward (DraftBudget)
+    if cape_cost is True:
+        if drafter.target is not model:
+            drafter.attach_target(model)
+        curve = measured_cost(model, first_row(input_ids, model_kwargs), batch=rows)
+        budget = DraftBudget(curve, measured_drafter_cost(drafter, model), rows)
+    elif isinstance(cape_cost, CostCurve):
+        budget = DraftBudget(cape_cost, 0.0, rows)
+    else:
+        budget = cape_cost or None
     proposer = CapeProposer(
         drafter,
         gamma=cape_gamma,
         expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
         logits_processor=logits_processor,
-        cost=(
-            measured_cost(model, first_row(input_ids, model_kwargs), batch=rows)
-            if cape_cost is True
-            else (cape_cost or None)
-        ),
-        rows=rows,
+        budget=budget,
     )
     return tree_generate(
         model,

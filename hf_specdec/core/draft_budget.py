@@ -1,0 +1,75 @@
+"""Drafts sized by their cost (issue #31 point 3): a draft token is kept only if it pays for the time it adds.
+
+Time of one step, in one-token target forwards: ``T = c(q) + k * c_d``, with ``q = 1 + n`` the tokens the target
+verifies (the root and ``n`` drafted nodes; ``c(q)``: the measured verification cost curve,
+``core/verify_cost.py``, ``c(1) = 1``) and ``k`` drafter forwards of cost ``c_d`` each (``core/drafter_cost.py``;
+edd-pct.txt's s_d/s_t). Tokens it yields: ``E = 1 + sum_i e_i``, where ``e_i`` is node ``i``'s probability of being
+accepted, estimated by the drafter as the product of the confidences along its path (CAPE's ``P(reach i) * p``,
+PCT's estimate). Decoding runs at ``E / T`` tokens per forward; plain ``generate`` at 1.
+
+**Which nodes.** Adding node ``i`` to a tree of ``n`` nodes adds ``e_i`` to ``E`` and ``c(q + 1) - c(q)`` to ``T``;
+it raises ``E / T`` exactly when ``e_i / (c(q + 1) - c(q)) >= E / T``. :meth:`DraftBudget.keep` takes the nodes
+best estimate first (a node's estimate is never above its parent's, so the kept set is a tree) while that holds. In a
+batch of ``rows`` rows, a wider forward slows every row: the marginal cost counts ``rows`` times.
+
+**Whether to run the drafter again.** Drafting one level deeper costs ``c_d`` now, before its confidences are
+known; the best it can add is ``reach``, the estimate of the node it would extend. :meth:`DraftBudget.worth_drafting`
+runs it only when ``reach >= c_d + c(q + 1) - c(q)``: never a forward that could not pay for itself. The first
+drafter forward of a step always runs (its confidence decides everything), so with a drafter too weak for the
+machine a step costs one target forward plus one drafter forward: about ``1 + c_d`` of ``generate``'s.
+
+Where verifying is nearly free (a GPU: ``c(q)`` flat) and the drafter cheap, this keeps whole trees, as the papers'
+rules do; on a CPU in fp32, where ``c(q)`` rises steeply, it keeps short ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .timing import device_of
+from .verify_cost import CostCurve
+
+_ATTR = "_hf_specdec_drafter_cost"
+
+
+class DraftBudget:
+    """The cost model of the module docstring: ``cost`` (``c(q)``), ``drafter_cost`` (``c_d``) and ``rows``."""
+
+    def __init__(self, cost: CostCurve, drafter_cost: float = 0.0, rows: int = 1):
+        self.cost, self.drafter_cost, self.rows = cost, float(drafter_cost), int(rows)
+
+    def marginal(self, n: int) -> float:
+        """The time one more verified node adds to a tree of ``n`` nodes (``q = 1 + n``), for every row."""
+        return self.rows * (self.cost(n + 2) - self.cost(n + 1))
+
+    def worth_drafting(self, reach: float, n: int) -> bool:
+        """Run one more drafter forward to extend a node of estimate ``reach`` in a tree of ``n`` nodes?"""
+        return reach >= self.drafter_cost + self.marginal(n)
+
+    def keep(self, estimates: Sequence[float], depths: Sequence[int], forwards: int = 1) -> list[int]:
+        """The nodes worth verifying (increasing indices): best estimate first (shallower, then earlier, on ties)
+        while ``e / (c(q + 1) - c(q)) >= E / T``; ``forwards``: drafter forwards spent on this tree."""
+        order = sorted(range(len(estimates)), key=lambda i: (-estimates[i], depths[i], i))
+        kept: list[int] = []
+        gain, time = 1.0, 1.0 + forwards * self.drafter_cost
+        for i in order:
+            step = self.marginal(len(kept))
+            if estimates[i] * time < gain * step:
+                break
+            kept.append(i)
+            gain, time = gain + estimates[i], time + step
+        return sorted(kept)
+
+
+def measured_drafter_cost(drafter, target) -> float:
+    """``c_d`` of ``drafter`` on ``target`` on this machine (``drafter_cost.drafter_cost``), timed once per dtype,
+    device and thread count and kept on the drafter."""
+    from .drafter_cost import drafter_cost
+
+    key = (str(target.dtype), str(device_of(target)), torch.get_num_threads())
+    cache = drafter.__dict__.setdefault(_ATTR, {})
+    if key not in cache:
+        cache[key] = drafter_cost(drafter, target, rounds=3)
+    return cache[key]
