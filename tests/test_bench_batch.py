@@ -195,3 +195,40 @@ def test_chain_drafter_methods_run_their_batch_in_one_call(name, tmp_path):
     assert stats.target_forwards == sum(s["rows"] for s in stats.steps)
     rows, stats = runner.generate_batch(ids[:1], mask[:1], 10)
     assert rows == alone[:1] and stats.batched_forwards == 0 and stats.target_forwards > 0
+
+
+def test_bench_samples_at_a_temperature_seeded_per_prompt(tiny_bytes_checkpoint, tmp_path):
+    """--temperature T: every method samples (so outputs differ from greedy), the same seed gives the same samples,
+    losslessness is left to the distribution tests (None, reported as n/a), and a batch is refused."""
+    from hf_specdec.errors import SpecDecError
+
+    def bench(out, temperature=None, seed=0):
+        return run_bench(
+            ["ar", "tree-lookup"], ["mt-bench"], limit=2, max_new_tokens=8, model=str(tiny_bytes_checkpoint),
+            out=tmp_path / out, temperature=temperature, seed=seed,
+        )  # fmt: skip
+
+    greedy, hot, again = bench("greedy"), bench("hot", 1.5), bench("again", 1.5)
+    assert all(r["lossless"] is None and r["identical"] is None for r in hot["runs"])
+    assert all(r["lossless"] is True for r in greedy["runs"])
+    assert hot["config"]["decoding"] == "sampling, temperature 1.5, seed 0"
+    assert "n/a (sampled)" in (tmp_path / "hot" / "report.md").read_text()
+    figures = [(r["new_tokens"], r["tau"]) for r in hot["runs"]]
+    assert figures == [(r["new_tokens"], r["tau"]) for r in again["runs"]]  # seeded: the same samples
+    # the generations really sample: the bench's generate call under sampling() differs from greedy
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.bench.methods import greedy_new_tokens, sampling
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_bytes_checkpoint)
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    greedy_tokens = greedy_new_tokens(model, prompt, 8)
+    with sampling(1.5):
+        sampled = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            sampled.append(greedy_new_tokens(model, prompt, 8))
+    assert any(not torch.equal(t, greedy_tokens) for t in sampled)
+    with pytest.raises(SpecDecError, match="batch-size 1"):
+        run_bench(["ar"], ["mt-bench"], limit=2, model=str(tiny_bytes_checkpoint), out=tmp_path / "b",
+                  temperature=1.0, batch_size=2)  # fmt: skip

@@ -103,7 +103,7 @@ def test_planted_per_token_read_is_counted():
 
 
 def test_bench_split_adds_up_and_reads_the_drafter():
-    from hf_specdec.bench.step_split import step_split
+    from hf_specdec.bench.figures import step_split
 
     records = [
         dict(forwards=4, target_time=0.4, drafter_time=0.04, total_time=0.48, one_token_forward=0.1),

@@ -66,6 +66,14 @@ def add_parser(sub) -> None:
         metavar="KEY=VALUE",
         help="method option, e.g. --option drafter=PATH (repeatable)",
     )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sample at this temperature (top-k/top-p off; batch 1; seeded per prompt with --seed) instead of greedy: "
+        "speed and tau under sampling, whose losslessness the distribution tests check",
+    )
+    p.add_argument("--seed", type=int, default=0, help="with --temperature: prompt i is seeded with seed + i")
     p.add_argument("--out", default="bench-out", help="output folder")
     p.add_argument("--list", action="store_true", help="list the available methods and tasks, then exit")
     p.set_defaults(func=run)
@@ -103,6 +111,8 @@ def run(args) -> int:
         command=args.command_line,
         batch_size=args.batch_size,
         check_rows=args.check_rows,
+        temperature=args.temperature,
+        seed=args.seed,
     )
     from .report import report_markdown
 

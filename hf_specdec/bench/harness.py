@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from tqdm.auto import tqdm
@@ -22,12 +23,14 @@ from ..machine import describe_machine, resolve_auto_dtype
 from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
-from .methods import BenchContext, get_method, left_pad, metered, pad_token_id, run_row
+from .figures import aggregate, measure_drafter_costs, one_token_forward, step_split
+from .methods import BenchContext, get_method, left_pad, metered, pad_token_id, run_row, sampling
 from .own_models import OwnModels, setup_runners
 from .report import write_outputs
-from .step_split import one_token_forward, step_split
 
 REFERENCE = "ar"
+# the verdict of a sampled generation: not compared with ar's (a sample); the distribution tests check sampling
+SAMPLED = SimpleNamespace(identical=None, lossless=None, first_diff=None, gap=None, reason="sampled")
 
 
 def _run_one(
@@ -64,40 +67,6 @@ def batches(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _aggregate(
-    method: str, task: str, records: list[dict], ref_tps: float | None, rows: list[dict] | None = None
-) -> dict:
-    """Figures of one (method, task): timing and stats from ``records`` (one per prompt at batch 1, one per batch
-    above), losslessness from ``rows`` (one per prompt; default ``records``)."""
-    rows = records if rows is None else rows
-    tokens = sum(r["new_tokens"] for r in records)
-    seconds = sum(r["total_time"] for r in records)
-    forwards = sum(r["target_forwards"] for r in records)
-    drafted = sum(r["drafted"] for r in records)
-    tps = tokens / seconds if seconds else 0.0
-    return {
-        "method": method,
-        "task": task,
-        "n_prompts": len(rows),
-        "new_tokens": tokens,
-        "seconds": round(seconds, 4),
-        "tokens_per_s": round(tps, 3),
-        "speedup": round(tps / ref_tps, 4) if ref_tps else None,
-        "tau": round(tokens / forwards, 4) if forwards else None,
-        "alpha": round(sum(r["accepted"] for r in records) / drafted, 4) if drafted else None,
-        "draft_share": round(sum(r["draft_time"] for r in records) / seconds, 4) if seconds else None,
-        "verify_share": round(sum(r["verify_time"] for r in records) / seconds, 4) if seconds else None,
-        "lossless": all(r["lossless"] for r in rows),
-        "identical": sum(r["identical"] for r in rows),
-        "ties": [
-            {"id": r["id"], "position": r["first_diff"], "gap": r["gap"]}
-            for r in rows
-            if r["lossless"] and not r["identical"] and r["gap"] is not None
-        ],
-        "failures": [{"id": r["id"], "reason": r["reason"]} for r in rows if not r["lossless"]],
-    }
-
-
 def run_bench(
     methods: list[str],
     tasks: list[str],
@@ -112,6 +81,8 @@ def run_bench(
     command: str | None = None,
     batch_size: int = 1,
     check_rows: bool | None = None,
+    temperature: float | None = None,
+    seed: int = 0,
 ) -> dict:
     """Run the benchmark and write its outputs under ``out``; returns the results dict.
 
@@ -119,11 +90,15 @@ def run_bench(
     method decodes each batch in one call (``Method.generate_batch``) or, if it does not batch, its rows one at a
     time; tokens/s counts all rows and the reference is batched ``ar`` at the same B. ``check_rows`` (default: on
     when B > 1) also runs ``ar`` on every row alone, untimed, and compares each method's rows with it too.
+    ``temperature`` T: every method samples at T (batch 1; each generation seeded with ``seed`` + prompt index):
+    speed and tau under sampling; its losslessness is the distribution tests' (``lossless`` is ``None`` here).
     """
     if limit < 1:
         raise SpecDecError(f"--limit must be at least 1 (got {limit})")
     if batch_size < 1:
         raise SpecDecError(f"--batch-size must be at least 1 (got {batch_size})")
+    if temperature and batch_size > 1:
+        raise SpecDecError("--temperature runs at --batch-size 1 (one seeded sample per prompt and method)")
     check_rows = batch_size > 1 if check_rows is None else bool(check_rows) and batch_size > 1
     if max_new_tokens < 1:
         raise SpecDecError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
@@ -151,9 +126,18 @@ def run_bench(
             runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows, own
         )
     else:
-        runs, per_prompt = _bench_prompts(
-            runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, own
-        )
+        with sampling(temperature):
+            runs, per_prompt = _bench_prompts(
+                runners,
+                names,
+                datasets,
+                target,
+                tokenizer,
+                max_new_tokens,
+                tie_tol,
+                own,
+                temperature and seed,
+            )
     results = {
         "command": command or "",
         "config": {
@@ -165,6 +149,7 @@ def run_bench(
             "limit": limit,
             "max_new_tokens": max_new_tokens,
             "batch_size": batch_size,
+            "decoding": f"sampling, temperature {temperature}, seed {seed}" if temperature else "greedy",
             **({"check_rows": check_rows} if batch_size > 1 else {}),
             "tie_tol": tie_tol,
             "methods": names,
@@ -184,8 +169,9 @@ def run_bench(
     return results
 
 
-def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, own):
-    """Batch 1: every prompt through every method, the order rotating per prompt."""
+def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, own, seed=None):
+    """Batch 1: every prompt through every method, the order rotating per prompt. ``seed`` (sampling): each method's
+    generation of prompt ``i`` starts from ``torch.manual_seed(seed + i)``, and nothing is compared with ``ar``."""
     tasks = list(datasets)
     total = sum(len(d) for d in datasets.values())
     records: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in names for t in tasks}
@@ -197,6 +183,8 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
             order = names[i % len(names) :] + names[: i % len(names)]  # rotate who goes first
             outputs = {}
             for name in order:
+                if seed is not None:
+                    torch.manual_seed(seed + i)
                 outputs[name] = _run_one(runners[name], runners[name].model, input_ids, max_new_tokens)
             if i == 0:  # untimed: count the host syncs of each method on the task's first prompt
                 for name in names:
@@ -205,7 +193,11 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
             reference = outputs[REFERENCE][0]
             for name in names:
                 tokens, stats = outputs[name]
-                verdict = own.verdict(name, input_ids, reference, tokens, max_new_tokens, tie_tol)
+                verdict = (
+                    SAMPLED
+                    if seed is not None
+                    else own.verdict(name, input_ids, reference, tokens, max_new_tokens, tie_tol)
+                )
                 records[(name, task)].append(
                     {
                         "id": row["id"],
@@ -222,10 +214,10 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
 
     runs = []
     for task in tasks:
-        ref = _aggregate(REFERENCE, task, records[(REFERENCE, task)], None)
+        ref = aggregate(REFERENCE, task, records[(REFERENCE, task)], None)
         unit = one_token_forward(records[(REFERENCE, task)])
         for name in names:
-            run = _aggregate(name, task, records[(name, task)], ref["tokens_per_s"])
+            run = aggregate(name, task, records[(name, task)], ref["tokens_per_s"])
             run["split"] = step_split(records[(name, task)], unit, syncs[(name, task)])
             runs.append(run)
     return runs, {f"{m}/{t}": r for (m, t), r in records.items()}
@@ -317,10 +309,10 @@ def _bench_batches(
 
     runs = []
     for task in tasks:
-        ref = _aggregate(REFERENCE, task, batches_of[(REFERENCE, task)], None, rows_of[(REFERENCE, task)])
+        ref = aggregate(REFERENCE, task, batches_of[(REFERENCE, task)], None, rows_of[(REFERENCE, task)])
         for name in names:
             records, rows = batches_of[(name, task)], rows_of[(name, task)]
-            run = _aggregate(name, task, records, ref["tokens_per_s"], rows)
+            run = aggregate(name, task, records, ref["tokens_per_s"], rows)
             run["split"] = step_split(records, one_token_forward(batches_of[(REFERENCE, task)]))
             run.update(
                 batch_size=batch_size,
@@ -332,19 +324,3 @@ def _bench_batches(
     per_prompt = {f"{m}/{t}": r for (m, t), r in rows_of.items()}
     per_batch = {f"{m}/{t}": r for (m, t), r in batches_of.items()}
     return runs, per_prompt, per_batch
-
-
-def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
-    """c per drafter method (``core.drafter_cost``): one draft forward over one target forward, timed here; a
-    drafter shared by several methods is timed once."""
-    from ..core.drafter_cost import drafter_cost
-
-    timed: dict[int, float] = {}
-    costs = {}
-    for name, runner in runners.items():
-        if runner.drafter is not None:
-            key = id(runner.drafter)
-            if key not in timed:
-                timed[key] = drafter_cost(runner.drafter, target)
-            costs[name] = round(timed[key], 4)
-    return costs

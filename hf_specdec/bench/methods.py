@@ -16,6 +16,7 @@ harness calls ``generate_rows`` for every method whose ``batchable`` is False, a
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 from dataclasses import dataclass, field
 
@@ -98,6 +99,30 @@ class Method:
 
 METHODS: dict[str, type[Method]] = {}
 
+# The decoding of every bench generation: greedy, or sampling inside ``sampling(T)`` (``bench --temperature T``).
+_DECODING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("bench_decoding", default=None)
+
+
+def decoding() -> dict:
+    """The ``generate`` keywords that choose greedy or sampling for the bench generation being made."""
+    return dict(_DECODING.get() or {"do_sample": False})
+
+
+@contextlib.contextmanager
+def sampling(temperature: float | None):
+    """Inside the block every bench generation samples at ``temperature`` from the whole distribution (top-k and
+    top-p off), as the papers' T = 1 rows do; ``None`` or 0 leaves it greedy."""
+    if not temperature:
+        yield
+        return
+    if temperature < 0:
+        raise SpecDecError(f"--temperature must be > 0 (got {temperature}); leave it out for greedy decoding")
+    token = _DECODING.set({"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0})
+    try:
+        yield
+    finally:
+        _DECODING.reset(token)
+
 
 def register(cls: type[Method]) -> type[Method]:
     METHODS[cls.name] = cls
@@ -179,14 +204,14 @@ def split_rows(sequences: torch.Tensor, prompt_length: int, eos_ids: list[int]) 
 def batched_greedy(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, pad_id: int, **kwargs
 ) -> list[list[int]]:
-    """Greedy ``model.generate`` on a left-padded batch with ``kwargs``; returns each row's new tokens (see
+    """Greedy (or, under ``sampling``, sampled) ``model.generate`` on a left-padded batch with ``kwargs``; returns each row's new tokens (see
     :func:`split_rows`)."""
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
         max_new_tokens=max_new_tokens,
-        do_sample=False,
         pad_token_id=pad_id,
+        **decoding(),
         **kwargs,
     )
     return split_rows(out, input_ids.shape[1], eos_token_ids(model.generation_config))
@@ -217,12 +242,12 @@ def batched_assisted(
 
 
 def greedy_new_tokens(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
-    """Greedy ``model.generate`` (batch 1, no padding) with ``kwargs``; returns the new tokens only."""
+    """Greedy (or, under ``sampling``, sampled) ``model.generate`` (batch 1, no padding) with ``kwargs``; returns the new tokens only."""
     out = model.generate(
         input_ids=input_ids,
         attention_mask=torch.ones_like(input_ids),
         max_new_tokens=max_new_tokens,
-        do_sample=False,
+        **decoding(),
         **kwargs,
     )
     return out[0, input_ids.shape[1] :]

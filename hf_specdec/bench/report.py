@@ -21,7 +21,8 @@ def report_markdown(results: dict) -> str:
         f"`{results['command']}`" if results.get("command") else "",
         "",
         f"model: {cfg['model']}, dtype {cfg['dtype']}, {cfg['limit']} prompts per task, max_new_tokens {cfg['max_new_tokens']}, "
-        f"batch size {cfg.get('batch_size', 1)}, torch threads {cfg['torch_threads']}, tie tolerance {cfg['tie_tol']}",
+        f"batch size {cfg.get('batch_size', 1)}, torch threads {cfg['torch_threads']}, tie tolerance {cfg['tie_tol']}, "
+        f"{cfg.get('decoding', 'greedy')}",
         "",
         f"machine: {machine_line(cfg['machine_info'])}" if cfg.get("machine_info") else "",
         "",
@@ -39,7 +40,7 @@ def report_markdown(results: dict) -> str:
             "|---|---|---:|---:|---:|---:|---:|---:|---|",
         ]
     for r in results["runs"]:
-        lossless = ("yes" if r["lossless"] else "**NO**") + (
+        lossless = ("n/a (sampled)" if r["lossless"] is None else "yes" if r["lossless"] else "**NO**") + (
             f" ({len(r['ties'])} near-ties)" if r["ties"] else ""
         )
         figures = (

@@ -1,0 +1,92 @@
+"""From the bench's records to its figures: a (method, task)'s speed, tau, alpha and losslessness (:func:`aggregate`),
+the drafter cost c per method, and the per-step split (issue #31): where a step's time goes (target forwards, drafter forwards, overhead),
+in ms and in one-token forwards of the same run, and the host syncs per step of the untimed counting pass. The meters
+that fill the records are ``core/stats.ForwardMeter`` / ``DrafterMeter`` and ``core/host_syncs.HostSyncCounter``
+(through ``methods.metered`` / ``run_row``); ``docs/step-overhead.md`` explains the table."""
+
+from __future__ import annotations
+
+
+def one_token_forward(records: list[dict]) -> float | None:
+    """The median one-token target forward of ``ar``'s ``records`` (seconds): the unit of the per-step split."""
+    times = sorted(r["one_token_forward"] for r in records if r.get("one_token_forward"))
+    return times[len(times) // 2] if times else None
+
+
+def step_split(records: list[dict], unit: float | None, syncs: list[int] | None = None) -> dict:
+    """The per-step time split of a (method, task): target forwards, drafter forwards and overhead (the rest of the
+    wall time) per step (one target forward call), in ms and in ``unit`` (the run's one-token forward); and the host
+    syncs per step of the untimed counting pass (``syncs``: syncs and steps of each counted generation)."""
+    steps = sum(r.get("forwards", 0) for r in records)
+    if not steps:
+        return {}
+    target = sum(r["target_time"] for r in records) / steps
+    drafter = sum(r["drafter_time"] for r in records) / steps
+    overhead = sum(r["total_time"] for r in records) / steps - target - drafter
+    split = {
+        "steps": steps,
+        "target_ms": round(1000 * target, 3),
+        "drafter_ms": round(1000 * drafter, 3),
+        "overhead_ms": round(1000 * overhead, 3),
+        "one_token_forward_ms": round(1000 * unit, 3) if unit else None,
+    }
+    if unit:
+        split.update(
+            target_fwd=round(target / unit, 4),
+            drafter_fwd=round(drafter / unit, 4),
+            overhead_fwd=round(overhead / unit, 4),
+        )
+    if syncs:
+        split["syncs_per_step"] = round(sum(s for s, _ in syncs) / max(sum(n for _, n in syncs), 1), 2)
+    return split
+
+
+def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
+    """c per drafter method (``core.drafter_cost``): one draft forward over one target forward, timed here; a
+    drafter shared by several methods is timed once."""
+    from ..core.drafter_cost import drafter_cost
+
+    timed: dict[int, float] = {}
+    costs = {}
+    for name, runner in runners.items():
+        if runner.drafter is not None:
+            key = id(runner.drafter)
+            if key not in timed:
+                timed[key] = drafter_cost(runner.drafter, target)
+            costs[name] = round(timed[key], 4)
+    return costs
+
+
+def aggregate(
+    method: str, task: str, records: list[dict], ref_tps: float | None, rows: list[dict] | None = None
+) -> dict:
+    """Figures of one (method, task): timing and stats from ``records`` (one per prompt at batch 1, one per batch
+    above), losslessness from ``rows`` (one per prompt; default ``records``)."""
+    rows = records if rows is None else rows
+    sampled = any(r["lossless"] is None for r in rows)
+    tokens = sum(r["new_tokens"] for r in records)
+    seconds = sum(r["total_time"] for r in records)
+    forwards = sum(r["target_forwards"] for r in records)
+    drafted = sum(r["drafted"] for r in records)
+    tps = tokens / seconds if seconds else 0.0
+    return {
+        "method": method,
+        "task": task,
+        "n_prompts": len(rows),
+        "new_tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_s": round(tps, 3),
+        "speedup": round(tps / ref_tps, 4) if ref_tps else None,
+        "tau": round(tokens / forwards, 4) if forwards else None,
+        "alpha": round(sum(r["accepted"] for r in records) / drafted, 4) if drafted else None,
+        "draft_share": round(sum(r["draft_time"] for r in records) / seconds, 4) if seconds else None,
+        "verify_share": round(sum(r["verify_time"] for r in records) / seconds, 4) if seconds else None,
+        "lossless": None if sampled else all(r["lossless"] for r in rows),
+        "identical": None if sampled else sum(r["identical"] for r in rows),
+        "ties": [
+            {"id": r["id"], "position": r["first_diff"], "gap": r["gap"]}
+            for r in rows
+            if r["lossless"] and not r["identical"] and r["gap"] is not None
+        ],
+        "failures": [{"id": r["id"], "reason": r["reason"]} for r in rows if not r["lossless"]],
+    }
