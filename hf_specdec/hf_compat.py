@@ -91,11 +91,16 @@ def set_candidate_generator_hook(hook) -> None:
     GenerationMixin._get_candidate_generator = hook
 
 
-def candidate_generator_arguments(model, args: tuple, kwargs: dict) -> dict:
-    """A call's arguments by name, bound to transformers' own signature (defaults filled in)."""
-    bound = inspect.signature(ORIGINAL_GET_CANDIDATE_GENERATOR).bind(model, *args, **kwargs)
+def _bind(original, model, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name (``self`` first), bound to ``original``'s signature, defaults filled in."""
+    bound = inspect.signature(original).bind(model, *args, **kwargs)
     bound.apply_defaults()
     return bound.arguments
+
+
+def candidate_generator_arguments(model, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name, bound to transformers' own signature (defaults filled in)."""
+    return _bind(ORIGINAL_GET_CANDIDATE_GENERATOR, model, args, kwargs)
 
 
 # ------------------------------------------------------------------ assisted_decoding
@@ -169,9 +174,7 @@ def set_generation_mode_hook(hook) -> None:
 
 def generation_mode_arguments(model, args: tuple, kwargs: dict) -> dict:
     """A call's arguments by name, bound to transformers' own signature (defaults filled in)."""
-    bound = inspect.signature(ORIGINAL_VALIDATE_GENERATION_MODE).bind(model, *args, **kwargs)
-    bound.apply_defaults()
-    return bound.arguments
+    return _bind(ORIGINAL_VALIDATE_GENERATION_MODE, model, args, kwargs)
 
 
 # ------------------------------------------------------------------ attn_implementation
