@@ -214,16 +214,6 @@ class StopRule:
         return torch.cat([input_ids, input_ids.new_tensor([tokens])], dim=-1), done
 
 
-def append_tokens(
-    input_ids: torch.Tensor, tokens: Sequence[int], stopping_criteria: StoppingCriteriaList | StopRule
-) -> tuple[torch.Tensor, bool]:
-    """Append ``tokens`` one at a time, stopping at the first one that ends generation (EOS, max length,
-    stop strings...), as a plain loop would; returns the new ids and whether generation is finished. A loop passes
-    its :class:`StopRule` (built once per generation) to check on the host where it can."""
-    rule = stopping_criteria if isinstance(stopping_criteria, StopRule) else StopRule(stopping_criteria)
-    return rule.append(input_ids, tokens)
-
-
 class GenerateOutputs:
     """The per-token outputs ``generate(return_dict_in_generate=True, output_scores=..., ...)`` returns, one entry
     per new token as ``_sample`` reports them. Kinds a loop does not produce (``kinds``) stay ``None``."""

@@ -43,7 +43,7 @@ from ..core.acceptance import accept_tree, processed_scores
 from ..core.generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
-    append_tokens,
+    StopRule,
     check_generation_mode,
     check_inputs,
     finish,
@@ -137,6 +137,7 @@ def space_generate(
     cfg = generation_config or model.generation_config
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria_or_default(stopping_criteria, cfg)
+    stop = StopRule(stopping_criteria)  # built once: checked on the host where it can be
     streamer = resolve_streamer(input_ids, streamer, specdec_streamer)
     stats = stats if stats is not None else DecodeStats()
     do_sample = bool(cfg.do_sample)
@@ -195,7 +196,7 @@ def space_generate(
         else:
             cands, cand_probs = gs.argmax(-1).tolist(), []
 
-        input_ids, finished = append_tokens(input_ids, tokens, stopping_criteria)
+        input_ids, finished = stop.append(input_ids, tokens)
         m = input_ids.shape[1] - past - len(pending)  # tokens emitted this step (a stop may cut them)
         kept = min(n_acc, m)
         keep = list(range(len(pending))) + [len(pending) - 1 + j * (k + 1) for j in range(1, kept + 1)]
