@@ -164,15 +164,13 @@ class EddTreeProposer(TreeProposer):
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         depth = min(self.depth, max_depth)
-        if depth <= 0:
-            self._t_proposed = None if self.budget is not None else clock(input_ids.device)
-            return TokenTree.empty(input_ids.device)
         timer = None if self.budget is not None else self.timer  # no timing under the cost rule
-        grown = self.grow(self.expander(self.state, input_ids, timer), depth)
-        self.last_tree = grown
-        if self.budget is None:
-            self._t_proposed = clock(input_ids.device)
-        return grown.token_tree(input_ids.device)
+        tree = TokenTree.empty(input_ids.device)
+        if depth > 0:
+            self.last_tree = self.grow(self.expander(self.state, input_ids, timer), depth)
+            tree = self.last_tree.token_tree(input_ids.device)
+        self._t_proposed = None if timer is None else clock(input_ids.device)
+        return tree
 
     def expander(
         self, state: EddDraftState, input_ids: torch.Tensor, timer: StepTimer | None = None

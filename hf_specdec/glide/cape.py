@@ -224,19 +224,21 @@ class CapeProposer(TreeProposer):
                 break
             step_ids = input_ids.new_tensor([[token]])
             sequence = torch.cat([sequence, step_ids], dim=1)
-        tree = cape_tree(proposal, expansions, input_ids.device)
-        position = [*range(len(proposal)), *(i for i, siblings in enumerate(expansions) for _ in siblings)]
-        kept = range(len(tree))
-        if self.budget is not None:
-            kept = self.budget.keep(
-                node_estimates(self.last_confidences, sibling_probs), tree.depths, len(proposal)
-            )
-            tree = tree.subset(kept)
-        self.last_sizes = [0] * len(proposal)  # |X_i| as verified
-        for node in kept:
-            if node >= len(proposal):
-                self.last_sizes[position[node]] += 1
-        return tree
+        if self.budget is not None:  # cut on the host lists, then build the one tree that is verified
+            depth = [
+                *range(1, len(proposal) + 1),
+                *(i + 1 for i, siblings in enumerate(expansions) for _ in siblings),
+            ]
+            estimates = node_estimates(self.last_confidences, sibling_probs)
+            kept = set(self.budget.keep(estimates, depth, len(proposal)))
+            # the kept proposal tokens are a prefix of the chain (estimates fall along it); the kept expansion
+            # tokens hang below kept proposal tokens only (the kept set is a tree)
+            chain = sum(1 for node in kept if node < len(proposal))
+            node = iter(range(len(proposal), len(depth)))
+            expansions = [[t for t in siblings if next(node) in kept] for siblings in expansions]
+            proposal = proposal[:chain]
+        self.last_sizes = [len(siblings) for siblings in expansions]  # |X_i| as verified
+        return cape_tree(proposal, expansions, input_ids.device)
 
 
 def chain_proposer(drafter, logits_processor: LogitsProcessorList | None = None) -> CapeProposer:
