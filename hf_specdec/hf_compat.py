@@ -25,8 +25,11 @@ Entries:
   a public setter, ``set_attn_implementation``, but no public getter).
 - ``cache_layers``: the fields of ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` that compacting a cache to an
   accepted tree path rewrites (``keys``, ``values``, ``cumulative_length``); only these exact types are rewritten.
-- ``llama_modules``: ``LlamaMLP``, ``LlamaRMSNorm``, ``apply_rotary_pos_emb`` from ``modeling_llama`` (the GLIDE
-  drafter's layer is built from the Llama pieces).
+- ``decoder_layers``: the conventions of transformers' decoder layers that GLIDE builds its layers from
+  (``modeling/glide_layers.py``): a layer's submodules ``self_attn``, ``mlp``, ``input_layernorm``,
+  ``post_attention_layernorm`` (and Gemma's ``pre_/post_feedforward_layernorm``), an attention module's call
+  ``(hidden_states, position_embeddings, attention_mask, past_key_values)`` returning ``(output, weights)`` and its
+  ``scaling``, and the rotary embedding's call ``(x, position_ids[, layer_type])``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import inspect
 import torch
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerationMixin
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 from .errors import SpecDecError
 
@@ -46,15 +48,16 @@ ENTRIES = (
     "generation_mode_hook",
     "attn_implementation",
     "cache_layers",
-    "llama_modules",
+    "decoder_layers",
 )
 
 __all__ = [
     "ENTRIES",
     "CACHE_LAYER_TYPES",
-    "LlamaMLP",
-    "LlamaRMSNorm",
-    "apply_rotary_pos_emb",
+    "SANDWICH_NORMS",
+    "attention_module_call",
+    "decoder_layer_parts",
+    "rotary_for_layer_type",
     "assisted_decoding",
     "assisted_decoding_arguments",
     "assisted_decoding_hook",
@@ -195,3 +198,45 @@ def set_layer_entries(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
     layer.keys, layer.values = keys, values
     if isinstance(layer, DynamicSlidingWindowLayer):
         layer.cumulative_length = keys.shape[-2]
+
+
+# ------------------------------------------------------------------ decoder_layers
+LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")  # Gemma 2 / 3
+
+
+def decoder_layer_parts(layer: torch.nn.Module, what: str) -> dict[str, torch.nn.Module]:
+    """A decoder layer's submodules by name: :data:`LAYER_PARTS`, plus :data:`SANDWICH_NORMS` where the layer has
+    them. A layer with any other submodule holding weights is of a form we do not rebuild: a clear error."""
+    children = dict(layer.named_children())
+    known = LAYER_PARTS + (SANDWICH_NORMS if all(n in children for n in SANDWICH_NORMS) else ())
+    unknown = [n for n, m in children.items() if n not in known and any(True for _ in m.parameters())]
+    missing = [n for n in LAYER_PARTS if n not in children]
+    if missing or unknown:
+        raise SpecDecError(
+            f"{what} cannot build a layer like {type(layer).__name__}: "
+            + (f"it has no {missing}" if missing else f"it has submodules {unknown} beyond {list(known)}")
+            + "; its supported layers are pre-norm (Llama, Mistral, Qwen2/3, Phi-3) or Gemma's sandwich norms"
+        )
+    return {name: children[name] for name in known}
+
+
+def attention_module_call(
+    attention, hidden_states, position_embeddings, attention_mask, cache
+) -> torch.Tensor:
+    """A transformers attention module's output for ``hidden_states`` (its weights are not asked for)."""
+    out, _ = attention(
+        hidden_states=hidden_states,
+        position_embeddings=position_embeddings,
+        attention_mask=attention_mask,
+        past_key_values=cache,
+    )
+    return out
+
+
+def rotary_for_layer_type(rotary: torch.nn.Module, layer_type: str = "full_attention"):
+    """``rotary(x, position_ids) -> (cos, sin)`` for layers of ``layer_type``: models with several layer types
+    (Gemma 3: sliding and full attention, each its own RoPE base) take it as a third argument."""
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        return lambda x, position_ids: rotary(x, position_ids, layer_type)
+    return rotary

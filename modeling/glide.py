@@ -20,6 +20,8 @@ Optional reduced draft vocabulary (``draft_vocab_size``): see ``modeling/attache
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,11 +31,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
-from hf_specdec.hf_compat import LlamaRMSNorm
+from hf_specdec.hf_compat import rotary_for_layer_type
 
 from .attached import TargetAttachedMixin
 from .glide_config import GlideConfig
 from .glide_layers import GlideDecoderLayer
+from .target_layers import decoder_classes
 
 
 class GlidePreTrainedModel(PreTrainedModel):
@@ -43,13 +46,13 @@ class GlidePreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
 
     def _init_weights(self, module: nn.Module) -> None:
+        """Linear layers drawn at random; norms keep their architecture's own initial values (ones for Llama's,
+        zeros for Gemma's ``(1 + w)`` norms)."""
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, LlamaRMSNorm):
-            nn.init.ones_(module.weight)
 
 
 class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixin):
@@ -69,8 +72,12 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
                 f"GlideConfig.target_layers has {len(config.target_layers)} entries for "
                 f"{config.num_hidden_layers} draft layers; give one target layer per draft layer"
             )
-        self.layers = nn.ModuleList(GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        layer_config = config.decoder_config()
+        layer_class, _ = decoder_classes(layer_config, "GLIDE")
+        self.layers = nn.ModuleList(
+            GlideDecoderLayer(config, layer_config, layer_class, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = copy.deepcopy(self.layers[0].input_layernorm)  # the final norm: the same kind of norm
         self._init_draft_vocab()
         self.generation_config.num_assistant_tokens = DEFAULT_GAMMA  # §5.1
         self.generation_config.num_assistant_tokens_schedule = "constant"
@@ -78,14 +85,14 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
 
     # ---------------------------------------------------------------- the target: see attached.py
     def _attach_extra(self, target: PreTrainedModel) -> None:
-        """Also share the target's rotary embedding."""
-        rotary = getattr(getattr(target, "model", target), "rotary_emb", None)
+        """Also share the target's rotary embedding (that of its full-attention layers, the ones GLIDE reads)."""
+        rotary = getattr(target.base_model, "rotary_emb", None)
         if rotary is None:
             raise SpecDecError(
-                f"GLIDE needs a Llama-like target with rotary embeddings (`model.rotary_emb`); "
+                f"GLIDE needs a target with rotary position embeddings (`base_model.rotary_emb`); "
                 f"{type(target).__name__} has none"
             )
-        self.__dict__["_rotary"] = rotary
+        self.__dict__["_rotary"] = rotary_for_layer_type(rotary)
 
     # ---------------------------------------------------------------- warm start (CPU budget; see docs/glide.md)
     @torch.no_grad()
@@ -93,22 +100,29 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         """Copy weights from ``target``: draft layer m's self-attention/MLP/norms from target layer ``init_layers[m]``
         (default: the bottom layers), its cross-attention ``W_j`` from the target layer it reads (``W^O`` = 0), the final
         norm from the target's. Needs the default shapes (draft width and heads equal to the target's)."""
-        layers = getattr(target, "model", target).layers
+        base = target.base_model
         init_layers = init_layers or list(range(self.config.num_hidden_layers))
         for m, layer in enumerate(self.layers):
-            src = layers[init_layers[m]]
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
-            layer.mlp.load_state_dict(src.mlp.state_dict())
-            layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
-            layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+            src = base.layers[init_layers[m]]
+            for name in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm") + (
+                ("pre_feedforward_layernorm", "post_feedforward_layernorm") if layer.sandwich else ()
+            ):
+                getattr(layer, name).load_state_dict(getattr(src, name).state_dict())
             if hasattr(layer, "cross_attn"):
-                read = layers[self.config.target_layers[m]]
-                layer.cross_attn.q_proj.weight.copy_(read.self_attn.q_proj.weight)
+                read, cross = base.layers[self.config.target_layers[m]], layer.cross_attn
+                rows = (
+                    cross.q_proj.out_features
+                )  # the query rows of the read layer (the first of a fused qkv)
+                q_proj = getattr(read.self_attn, "q_proj", None) or read.self_attn.qkv_proj
+                cross.q_proj.weight.copy_(q_proj.weight[:rows])
+                if cross.q_proj.bias is not None:
+                    cross.q_proj.bias.copy_(q_proj.bias[:rows])
+                if hasattr(cross, "q_norm"):
+                    cross.q_norm.load_state_dict(read.self_attn.q_norm.state_dict())
                 # W^O starts at zero: the warm-started drafter begins as the vanilla one and learns to use the glimpse
-                layer.cross_attn.o_proj.weight.zero_()
-                layer.cross_layernorm.weight.copy_(read.input_layernorm.weight)
-        self.norm.weight.copy_(getattr(target, "model", target).norm.weight)
+                cross.o_proj.weight.zero_()
+                layer.cross_layernorm.load_state_dict(read.input_layernorm.state_dict())
+        self.norm.load_state_dict(base.norm.state_dict())
 
     # ---------------------------------------------------------------- training protocol (trainers/drafter_trainer.py)
     def target_forward_kwargs(self) -> dict | None:
@@ -176,6 +190,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
 
     # ---------------------------------------------------------------- forward
     def _target_kv(self, target_cache, layer: int):
+        """(keys, values) of target layer ``layer`` (None if there are none yet)."""
         if target_cache is None or not self.config.cross_attention:
             return None
         if isinstance(target_cache, Cache):
@@ -201,23 +216,33 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         inputs, ``unrolled_inputs``)."""
         target = self._require_target()
         b, n = input_ids.shape
-        self_mask = None if self_attention_mask is None else self_attention_mask.reshape(1, 1, n, -1)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        device = input_ids.device
+        if self_attention_mask is not None:
+            self_mask = self_attention_mask.reshape(1, 1, n, -1)
+        elif n > 1 and past > 0:  # new queries after a cached prefix: query i sees keys <= past + i
+            self_mask = (
+                torch.arange(past + n, device=device)[None, :]
+                <= (past + torch.arange(n, device=device))[:, None]
+            )
+            self_mask = self_mask[None, None]
+        else:
+            self_mask = None  # one query, or causal from the start (sdpa's own causal mask)
         if position_ids is None:
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
-            position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(b, n)
+            position_ids = torch.arange(past, past + n, device=device)[None].expand(b, n)
         h = target.get_input_embeddings()(input_ids).to(self.norm.weight.dtype)
         cos_sin = self.__dict__["_rotary"](h, position_ids)
         cos_sin = tuple(c.to(h.dtype) for c in cos_sin)
+        first = None  # the first query position, read once if a default cross mask is needed
         for m, layer in enumerate(self.layers):
             kv = self._target_kv(target_past_key_values, self.config.target_layers[m])
             mask = cross_attention_mask
             if kv is not None and mask is None:
                 t = kv[0].shape[-2]
-                if (
-                    int(position_ids.min()) < t
-                ):  # only catch-up tokens inside the verified prefix need masking
+                first = int(position_ids.min()) if first is None else first
+                if first < t:  # only catch-up tokens inside the verified prefix need masking
                     mask = (
-                        torch.arange(t, device=h.device)[None, None, None, :] < position_ids[:, None, :, None]
+                        torch.arange(t, device=device)[None, None, None, :] < position_ids[:, None, :, None]
                     )
             elif mask is not None and mask.dim() == 2:
                 mask = mask[None, None]

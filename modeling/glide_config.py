@@ -5,14 +5,30 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig, PreTrainedModel
 
+from hf_specdec.errors import SpecDecError
 from hf_specdec.target import target_fingerprint
+
+from .target_layers import build_layer_config, layer_config_dict
+
+# The drafter's own sizes, written into ``layer_config`` so that the two never disagree.
+_DRAFT_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
 class GlideConfig(PretrainedConfig):
     """Configuration of a GLIDE drafter. Build one for a target with ``GlideConfig.for_target(target)``.
 
-    Draft side: ``hidden_size`` (d_D, equal to the target's hidden size because the embedding and LM head are
-    shared), ``num_hidden_layers`` (N_D), self-attention heads, ``intermediate_size``.
+    Draft side: ``layer_config``, the target's text config (``modeling/target_layers.py``): the drafter's layers
+    are layers of the target's architecture, with the sizes below. ``hidden_size`` (d_D, equal to the target's
+    hidden size because the embedding and LM head are shared), ``num_hidden_layers`` (N_D), self-attention
+    heads, ``intermediate_size``. A config written before ``layer_config`` existed describes a Llama layer (what
+    those drafters were built of), from the fields ``hidden_act``, ``rms_norm_eps`` and ``mlp_bias``.
     Target side (what the cross-attention reads): ``target_num_hidden_layers`` (N_T),
     ``target_num_attention_heads`` (h), ``target_num_key_value_heads``, ``target_head_dim`` (d_k),
     ``target_layers`` (one target layer per draft layer) and ``target_info`` (the target's fingerprint).
@@ -43,6 +59,7 @@ class GlideConfig(PretrainedConfig):
         draft_vocab_size: int | None = None,
         target_info: dict | None = None,
         initializer_range: float = 0.02,
+        layer_config: dict | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -69,8 +86,29 @@ class GlideConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.target_info = target_info or {}
         self.initializer_range = initializer_range
+        self.layer_config = None
+        if layer_config:
+            self.layer_config = dict(layer_config)
+            self.layer_config.update({key: getattr(self, key) for key in _DRAFT_SIZES})
+            if self.layer_config.get("layer_types") is not None:
+                self.layer_config["layer_types"] = ["full_attention"] * num_hidden_layers
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
+
+    def decoder_config(self) -> PretrainedConfig:
+        """The transformers config the draft layers are built from (``modeling/target_layers.py``)."""
+        values = self.layer_config
+        if not values:  # written before layer_config: a Llama layer of these sizes
+            values = {key: getattr(self, key) for key in _DRAFT_SIZES}
+            values.update(
+                model_type="llama",
+                vocab_size=self.vocab_size,
+                hidden_act=self.hidden_act,
+                rms_norm_eps=self.rms_norm_eps,
+                mlp_bias=self.mlp_bias,
+                attention_bias=False,
+            )
+        return build_layer_config(values, "GLIDE")
 
     @classmethod
     def for_target(
@@ -82,11 +120,35 @@ class GlideConfig(PretrainedConfig):
         draft_vocab_size: int | None = None,
         **overrides,
     ) -> GlideConfig:
-        """A drafter config shaped after ``target`` (a Llama-like model with rotary embeddings)."""
+        """A drafter config shaped after ``target``: layers of its architecture, reading by default the top
+        ``num_hidden_layers`` of its full-attention layers (§5.4: the top layers; a sliding-window layer's cache
+        holds only its window, so it is never read)."""
         t = target.config.get_text_config()
         heads = t.num_attention_heads
         head_dim = getattr(t, "head_dim", None) or t.hidden_size // heads
         kv_heads = getattr(t, "num_key_value_heads", None) or heads
+        if getattr(t, "attn_logit_softcapping", None):
+            raise SpecDecError(
+                f"GLIDE cannot read a {t.model_type} target: its attention logits are soft-capped "
+                "(attn_logit_softcapping), which the cross-attention does not reproduce; use EDD or PLD+ instead"
+            )
+        windowed = [
+            i for i, kind in enumerate(getattr(t, "layer_types", None) or []) if kind != "full_attention"
+        ]
+        full = [i for i in range(t.num_hidden_layers) if i not in windowed]
+        if target_layers is None:
+            if len(full) < num_hidden_layers:
+                raise SpecDecError(
+                    f"GLIDE needs {num_hidden_layers} full-attention layers of the target to read; "
+                    f"{t.model_type} has {len(full)}"
+                )
+            target_layers = full[len(full) - num_hidden_layers :]
+        sliding = [layer for layer in target_layers if layer in windowed]
+        if sliding:
+            raise SpecDecError(
+                f"GLIDE target_layers {sliding} are sliding-window layers of this {t.model_type} target (their "
+                f"cache keeps only the window); choose full-attention layers: {full}"
+            )
         values = dict(
             vocab_size=t.vocab_size,
             hidden_size=t.hidden_size,
@@ -105,6 +167,7 @@ class GlideConfig(PretrainedConfig):
             target_head_dim=head_dim,
             draft_vocab_size=draft_vocab_size,
             target_info=target_fingerprint(target),
+            layer_config=layer_config_dict(target, num_hidden_layers),
             bos_token_id=t.bos_token_id,
             eos_token_id=t.eos_token_id,
             pad_token_id=t.pad_token_id,

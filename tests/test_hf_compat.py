@@ -179,15 +179,29 @@ def test_cache_layers(layer):
         hf_compat.set_layer_entries(object(), k, v)
 
 
-def test_llama_modules():
-    from transformers import LlamaConfig
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3", "phi3"])
+def test_decoder_layers(arch):
+    """The layer conventions GLIDE rebuilds: submodule names, the attention call and scaling, the rotary call."""
+    from transformers import AutoConfig, AutoModel
 
-    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1)
-    mlp, norm = hf_compat.LlamaMLP(cfg), hf_compat.LlamaRMSNorm(8, eps=1e-6)
-    assert all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj")), _entry("llama_modules")
-    assert norm(torch.ones(1, 8)).shape == (1, 8), _entry("llama_modules")
-    params = list(inspect.signature(hf_compat.apply_rotary_pos_emb).parameters)[:4]
-    assert params == ["q", "k", "cos", "sin"], f"{_entry('llama_modules')}: apply_rotary_pos_emb{params}"
+    cfg = AutoConfig.for_model(
+        arch, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, vocab_size=50, pad_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    if arch == "gemma3_text":  # one layer of each kind, as in the real model
+        cfg = AutoConfig.for_model(**{**cfg.to_dict(), "num_hidden_layers": 2,
+                                      "layer_types": ["sliding_attention", "full_attention"]})  # fmt: skip
+    base = AutoModel.from_config(cfg).eval()
+    parts = hf_compat.decoder_layer_parts(base.layers[0], "test")
+    assert set(hf_compat.LAYER_PARTS) <= set(parts), _entry("decoder_layers")
+    assert (hf_compat.SANDWICH_NORMS[0] in parts) == (arch == "gemma3_text"), _entry("decoder_layers")
+    assert isinstance(parts["self_attn"].scaling, float), f"{_entry('decoder_layers')}: attention.scaling"
+    x, ids = torch.randn(1, 3, 32), torch.arange(3)[None]
+    cos_sin = hf_compat.rotary_for_layer_type(base.rotary_emb)(x, ids)
+    out = hf_compat.attention_module_call(parts["self_attn"], x, cos_sin, None, None)
+    assert out.shape == x.shape, _entry("decoder_layers")
+    with pytest.raises(SpecDecError, match="cannot build a layer like"):
+        hf_compat.decoder_layer_parts(torch.nn.Linear(2, 2), "test")
 
 
 # ------------------------------------------------------------------ the assisted hook
