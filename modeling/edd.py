@@ -13,7 +13,7 @@ encode -- and EDD decodes the draft autoregressively after them::
 
 ``x_p`` is the last committed token (the target's bonus token, not yet encoded by the target). At inference
 the soft-prompt part of EDD's own KV cache grows only with *verified* tokens; the draft part is dropped after
-every verification, exactly what the dual-block training mask (Fig. 3a, eq. 3; ``trainers/masks.py``)
+every verification, exactly what the dual-block training mask (Fig. 3a, eq. 3; ``modeling/masks.py``)
 simulates: a token of block j sees the hidden states of blocks < j and the tokens of its own block only.
 
 Embedding and LM head: §3.1 *initialises* them from the target. Here they **are** the target's (shared,
@@ -44,6 +44,7 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.target import target_fingerprint
 
 from .attached import TargetAttachedMixin
+from .masks import drafted_positions, dual_block_mask
 
 # Keys of a target config that only make sense for the full stack and are dropped for the one-layer decoder.
 _PER_LAYER_KEYS = ("layer_types", "mlp_only_layers", "sliding_window_pattern", "no_rope_layers")
@@ -262,8 +263,6 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         """Bool (n,): the positions whose input is, at inference, EDD's own previous draft: all but the first token of
         each block of this step's dual-block mask (``trainers/unrolled.py``). The ablation without soft prompt trains
         a causal pass with no rounds: an error."""
-        from hf_specdec.trainers.unrolled import drafted_positions
-
         if "block_length" not in context:
             raise SpecDecError(
                 "train as you draft (ttt_steps > 1) needs EDD's drafting rounds, the blocks of the dual-block mask; "
@@ -294,8 +293,6 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         positions = torch.arange(n, device=input_ids.device)[None].expand(b, n)
         if soft_prompt is None or not self.config.soft_prompt:
             return self.decode(tokens, positions)
-        from hf_specdec.trainers.masks import dual_block_mask
-
         mask = dual_block_mask(n, block_length or self.config.eval_block_length, device=input_ids.device)
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(self.dtype).min

@@ -146,10 +146,10 @@ def warped_next_token(model, temperature: float, top_k: int):
 
 
 def left_pad(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A left-padded batch of 1-D prompts and its attention mask (the bench's ``left_pad``)."""
-    from hf_specdec.bench.methods import left_pad as bench_left_pad
+    """A left-padded batch of 1-D prompts and its attention mask (``core/batch_io.left_pad``)."""
+    from hf_specdec.core.batch_io import left_pad as batch_left_pad
 
-    return bench_left_pad([p.tolist() for p in prompts], pad)
+    return batch_left_pad([p.tolist() for p in prompts], pad)
 
 
 def batch_pair_counts(model, prompts: list[torch.Tensor], runs: int, vocab: int, **generate_kwargs) -> list:

@@ -216,8 +216,8 @@ CHAT = (
 def test_real_target_batches_equal_each_row_alone(real_target):
     """A batch of three chat prompts of different lengths (fp32): ``assistant_model=`` GLIDE and EDD, ``glide_cape``
     and the EDD PCT tree each give every row its plain greedy output alone."""
-    from hf_specdec.bench.edd_methods import PACKAGED as EDD_CHECKPOINT
     from hf_specdec.bench.glide_methods import PACKAGED
+    from hf_specdec.edd.checkpoint import PACKAGED as EDD_CHECKPOINT
 
     model, tok = real_target
     glide = GlideForCausalLM.from_pretrained(

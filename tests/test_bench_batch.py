@@ -14,11 +14,9 @@ from hf_specdec.bench.methods import (
     HFPromptLookup,
     get_method,
     greedy_new_tokens,
-    left_pad,
     run_row,
-    split_rows,
-    unpad_rows,
 )
+from hf_specdec.core.batch_io import left_pad, split_rows, unpad_rows
 from hf_specdec.core.stats import DecodeStats
 
 from .conftest import tiny_llama

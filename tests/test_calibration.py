@@ -102,8 +102,8 @@ def test_pct_with_a_temperature_stays_lossless(target_and_edd):
 def test_calibrate_command_on_the_shipped_edd(tmp_path, capsys):
     from hf_specdec.modeling.edd import EddConfig
 
-    from hf_specdec.bench.edd_methods import find_edd_checkpoint
     from hf_specdec.cli import main
+    from hf_specdec.edd.checkpoint import find_edd_checkpoint
 
     folder = tmp_path / "edd"
     shutil.copytree(find_edd_checkpoint(None), folder)

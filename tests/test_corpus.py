@@ -123,7 +123,7 @@ def test_glide_gradients_stay_finite_with_fully_masked_cross_attention_rows():
     """Block 0 of the block-wise mask sees no target position: those rows must not put NaN into any gradient."""
 
     from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-    from hf_specdec.trainers.masks import blockwise_cross_mask
+    from hf_specdec.modeling.masks import blockwise_cross_mask
 
     target = tiny_llama(num_hidden_layers=4)
     drafter = GlideForCausalLM(GlideConfig.for_target(target)).attach_target(target)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from hf_specdec.modeling import EddConfig, EddForCausalLM
+from hf_specdec.modeling.masks import dual_block_mask
 from hf_specdec.trainers.losses import ce_loss, draft_loss, kl_loss
-from hf_specdec.trainers.masks import dual_block_mask
 
 import hf_specdec  # noqa: F401  (installs the assistant hook)
 from hf_specdec.errors import SpecDecError
@@ -307,8 +307,8 @@ def test_shipped_checkpoint_loads_with_auto_class_and_is_lossless(real_target):
     belongs to the default target, and its chain and PCT outputs equal plain greedy decoding."""
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec.bench.edd_methods import PACKAGED
     from hf_specdec.core.tree_decoding import tree_generate
+    from hf_specdec.edd.checkpoint import PACKAGED
     from hf_specdec.edd.tree_proposer import EddTreeProposer
 
     target, tok = real_target

@@ -19,8 +19,8 @@ import inspect
 import pytest
 import torch
 from hf_specdec.modeling import GlideConfig, GlideForCausalLM
+from hf_specdec.modeling.masks import blockwise_cross_mask
 from hf_specdec.trainers.drafter_trainer import DrafterTrainer
-from hf_specdec.trainers.masks import blockwise_cross_mask
 
 from hf_specdec.glide.candidate_generator import GlideCandidateGenerator, GlideDraftCache
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-from hf_specdec.trainers.masks import blockwise_cross_mask
+from hf_specdec.modeling.masks import blockwise_cross_mask
 from safetensors import safe_open
 
 import hf_specdec

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_specdec.modeling.masks import drafted_positions
 from hf_specdec.trainers.drafter_trainer import DrafterTrainer, _stack_collator
 from hf_specdec.trainers.losses import kl_loss
-from hf_specdec.trainers.unrolled import drafted_positions, feed_back, step_weights, unrolled_steps
+from hf_specdec.trainers.unrolled import feed_back, step_weights, unrolled_steps
 from transformers import TrainingArguments
 
 from hf_specdec.errors import SpecDecError
@@ -62,7 +63,7 @@ def _todays_loss(kind, target, drafter, batch) -> torch.Tensor:
             out = target.base_model(input_ids=ids, output_hidden_states=True)
             context = {"soft_prompt": out.hidden_states[drafter.config.encoder_layer], "block_length": 5}
         else:
-            from hf_specdec.trainers.masks import blockwise_cross_mask
+            from hf_specdec.modeling.masks import blockwise_cross_mask
 
             out = target.base_model(input_ids=ids, use_cache=True)
             layer = drafter.config.target_layers[0]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
+from hf_specdec.options import add_model_arguments
 
 ECE_BINS = 10
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
+from hf_specdec.options import add_model_arguments
 
 from .corpus import build_corpus
 from .regenerate import DEFAULT_BATCH_SIZE, DEFAULT_METHOD, METHODS, regenerate

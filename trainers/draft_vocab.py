@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.cli import add_model_arguments
 from hf_specdec.core.drafter_cost import draft_step_costs
 from hf_specdec.errors import SpecDecError
+from hf_specdec.options import add_model_arguments
 
 
 def expected_tokens(a: float, gamma: int) -> float:
@@ -96,8 +96,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec.cli import parse_ints
     from hf_specdec.core.verify_cost import measured_cost
+    from hf_specdec.options import parse_ints
     from hf_specdec.target import load_target
 
     from .calibration import validation_trainer

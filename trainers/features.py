@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
+from hf_specdec.options import add_model_arguments
 
 from .losses import teacher_top_k
 
@@ -261,7 +261,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _run(args) -> int:
-    from hf_specdec.cli import parse_ints
+    from hf_specdec.options import parse_ints
     from hf_specdec.target import load_target
 
     device = resolve_device(args.device)

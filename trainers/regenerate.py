@@ -82,7 +82,7 @@ def answer_batch(
 ) -> list[list[int]]:
     """The new tokens of each (token-id) prompt, decoded as one left-padded batch; each row ends with its EOS when it
     stopped on one."""
-    from hf_specdec.bench.methods import left_pad, pad_token_id, split_rows
+    from hf_specdec.core.batch_io import left_pad, pad_token_id, split_rows
     from hf_specdec.core.generate_io import eos_token_ids
 
     pad = pad_token_id(tokenizer)

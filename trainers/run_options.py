@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from hf_specdec.cli import add_model_arguments
+from hf_specdec.options import add_model_arguments
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.cli import add_model_arguments
 from hf_specdec.errors import SpecDecError
 from hf_specdec.fingerprint import target_fingerprint
+from hf_specdec.options import add_model_arguments
 from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token
 from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 

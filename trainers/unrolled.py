@@ -9,7 +9,7 @@ The training masks already cut the sequence into such rounds: EDD's dual-block m
 eq. 3: a token of block ``j`` sees the soft prompt of blocks ``< j`` and its own block's tokens) and GLIDE's
 block-wise cross-attention mask (glide-cape.txt §4.1: a query of block ``j`` sees the target's cache of blocks
 ``< j``). Position ``i`` of a block of length ``L`` is a round start when ``i % L == 0``; every other position's
-input is, at inference, a drafted token (:func:`drafted_positions`).
+input is, at inference, a drafted token (``modeling/masks.drafted_positions``).
 
 The unrolled loss runs the training pass ``K`` times over the same batch (same soft prompt / target cache, same
 block length, same teacher):
@@ -36,7 +36,7 @@ its steps by ``0.8 ** k``). ``K = 1`` is today's loss exactly: the trainer then 
 Each drafter says which inputs are drafted (``drafter.drafted_positions``) and how it is run with fed-back inputs
 (``drafter.unrolled_inputs``): EDD's tokens see only their own block's tokens, so it reruns the pass on the fed-back
 ids; GLIDE's self-attention sees every earlier token, which at inference are the *verified* ones, so it runs over
-``[data ; fed-back]`` with the mask of ``trainers/masks.dual_block_mask`` (a fed-back query sees the data tokens
+``[data ; fed-back]`` with the mask of ``modeling/masks.dual_block_mask`` (a fed-back query sees the data tokens
 before its round and the fed-back tokens of its round), at about twice the cost of a plain pass.
 
 Measured (docs/edd-pct.md, "Train as you draft: equal compute"): continuing the shipped EDD drafter, 3 steps did worse
@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 
 import torch
+from hf_specdec.modeling.masks import drafted_positions  # noqa: F401  (for modeling/glide.py until issue 33 is done)
 
 from hf_specdec.errors import SpecDecError
 
@@ -69,14 +70,6 @@ def step_weights(steps: int, decay: float = DEFAULT_DECAY) -> list[float]:
     raw = [float(decay) ** k for k in range(steps)]
     total = sum(raw)
     return [w / total for w in raw]
-
-
-def drafted_positions(length: int, block_length: int, device=None) -> torch.Tensor:
-    """Bool ``(length,)``: True where the input is, at inference, the drafter's own previous draft (every position of
-    a block of ``block_length`` but its first, the round's committed token)."""
-    if block_length < 1:
-        raise SpecDecError(f"block length must be >= 1, got {block_length}")
-    return torch.arange(length, device=device) % block_length != 0
 
 
 def feed_back(input_ids: torch.Tensor, predicted: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:

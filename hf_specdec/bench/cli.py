@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import add_model_arguments
 from ..errors import SpecDecError
+from ..options import add_model_arguments
 
 
 def _csv(value: str) -> list[str]:

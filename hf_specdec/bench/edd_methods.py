@@ -18,25 +18,8 @@ drafter's calibrated one), ``eagle2_total``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..errors import SpecDecError
+from ..edd.checkpoint import find_edd_checkpoint
 from .methods import GenerateCallMethod, Method, batched_assisted, greedy_new_tokens, register
-
-PACKAGED = Path(__file__).resolve().parent.parent / "resources" / "edd-smollm2"
-DEFAULTS = [Path("runs/edd-smollm2"), PACKAGED]
-
-
-def find_edd_checkpoint(option: str | None) -> Path:
-    candidates = [Path(option)] if option else DEFAULTS
-    for path in candidates:
-        if (path / "config.json").is_file():
-            return path
-    raise SpecDecError(
-        f"no EDD checkpoint at {', '.join(map(str, candidates))}: train one with "
-        f"`hf-specdec train edd --output-dir {DEFAULTS[0]}` or pass --option edd=PATH"
-    )
-
 
 _LOADED: dict[tuple[str, int], object] = {}
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import torch
 from tqdm.auto import tqdm
 
+from ..core.batch_io import left_pad, pad_token_id
 from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
 from ..core.stats import DecodeStats
 from ..core.timing import clock
@@ -24,7 +25,7 @@ from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
 from .figures import aggregate, measure_drafter_costs, one_token_forward, step_split
-from .methods import BenchContext, get_method, left_pad, metered, pad_token_id, run_row, sampling
+from .methods import BenchContext, get_method, metered, run_row, sampling
 from .own_models import OwnModels, setup_runners
 from .report import write_outputs
 

@@ -7,7 +7,8 @@ Options (``hf-specdec bench --option KEY=VALUE``): ``pld_k`` (K, tokens drafted 
 
 from __future__ import annotations
 
-from .methods import GenerateCallMethod, batched_greedy_with_stats, pad_token_id, register
+from ..core.batch_io import pad_token_id
+from .methods import GenerateCallMethod, batched_greedy_with_stats, register
 
 
 def _pld_kwargs(options: dict) -> dict:

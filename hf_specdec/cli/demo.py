@@ -11,7 +11,7 @@ import textwrap
 import torch
 
 from ..core.timing import clock
-from . import add_model_arguments
+from ..options import add_model_arguments
 
 # Fastest first; the first one that is available is shown.
 PREFERENCE = ["pld-plus-h", "pld-plus-a", "hf-pld"]

@@ -11,5 +11,6 @@
   the batched tree loop; its private names: ``hf_specdec/hf_compat.py``);
 - ``verify_cost.py``: the measured cost of a verification forward; ``timing.py``: device-correct timing;
   ``stats.py``: tau, alpha and timings;
-- ``lossless.py``: comparing an output with plain greedy decoding.
+- ``lossless.py``: comparing an output with plain greedy decoding;
+- ``batch_io.py``: left-padded batches of token-id prompts for a batched ``generate`` and its rows back.
 """

@@ -20,9 +20,10 @@ is the target's prefill. The ``soft_prompt=False`` ablation keeps the committed 
 
 Modules: ``draft_state.py`` (EDD's KV cache), ``candidate_generator.py`` (chains), ``pct.py`` (PCT and the
 baseline trees, eq. 5), ``tree_proposer.py`` (trees in ``tree_generate``), ``tree_replay.py`` (``hf-specdec
-tree-replay``). The drafter is ``modeling/edd.py`` (``hf_specdec.modeling.EddForCausalLM``); its training is
-``trainers/edd.py`` (``hf-specdec train edd``: dual-block mask ``trainers/masks.py``, KL loss eq. 4
-``trainers/losses.py``) and ``trainers/calibration.py`` (confidence temperature for PCT).
+tree-replay``), ``checkpoint.py`` (where an unnamed EDD checkpoint is found). The drafter is ``modeling/edd.py``
+(``hf_specdec.modeling.EddForCausalLM``; dual-block mask ``modeling/masks.py``); its training is
+``trainers/edd.py`` (``hf-specdec train edd``: KL loss eq. 4 ``trainers/losses.py``) and
+``trainers/calibration.py`` (confidence temperature for PCT).
 
 Usage::
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cli import add_model_arguments
 from ..core.tree import ROOT
 from ..errors import SpecDecError
+from ..options import add_model_arguments
 from .draft_state import EddDraftState
 from .pct import GrownTree
 
@@ -94,7 +94,7 @@ def replay_tree(
 
 
 def _builders(args) -> list[tuple[str, dict]]:
-    from ..cli import parse_floats, parse_ints
+    from ..options import parse_floats, parse_ints
 
     rows = []
     for name in args.builders.split(","):
@@ -143,10 +143,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench.edd_methods import find_edd_checkpoint
     from ..modeling import EddForCausalLM
     from ..target import greedy_output, load_target
     from ..tasks import load_task
+    from .checkpoint import find_edd_checkpoint
     from .tree_proposer import EddTreeProposer
 
     builders = _builders(args)  # bad lists and unknown builders fail before anything loads

@@ -6,9 +6,9 @@
 - ``cape.py``: CAPE, confidence-aware proposal expansion (§4.2), verified as one token tree per target forward by
   the tree core (``target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide)``).
 
-The drafter is ``modeling/glide.py`` (``hf_specdec.modeling.GlideForCausalLM``, §4.1); its training is
-``trainers/glide.py`` (``hf-specdec train glide``, block-wise cross-attention mask in ``trainers/masks.py``, the
-shared run in ``trainers/drafter_run.py``).
+The drafter is ``modeling/glide.py`` (``hf_specdec.modeling.GlideForCausalLM``, §4.1; block-wise cross-attention
+mask in ``modeling/masks.py``); its training is ``trainers/glide.py`` (``hf-specdec train glide``, the shared run in
+``trainers/drafter_run.py``).
 """
 
 from .candidate_generator import GlideCandidateGenerator, GlideDraftCache

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cli import add_model_arguments
 from ..errors import SpecDecError
+from ..options import add_model_arguments
 from .attention_capture import capture_selected_attention
 from .heads_file import (  # noqa: F401  (re-exported: the heads file's API)
     DEFAULT_HEADS_FILE,

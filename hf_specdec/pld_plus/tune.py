@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cli import add_model_arguments, parse_floats, parse_ints
 from ..core.generate_io import eos_token_ids
 from ..core.verify_cost import CostCurve, forward_times, interpolate
+from ..options import add_model_arguments, parse_floats, parse_ints
 from .defaults import DEFAULT_PRIORS
 from .draft_length import DraftLength
 from .ranking import occurrences, rank_by_attention, rank_by_hidden
