@@ -1,11 +1,11 @@
 """EDD, the Effective Draft Decoder (edd-pct.txt §3.1, Fig. 2, App. B).
 
 EDD is **one decoder layer of the target's own architecture** (built with ``AutoModel.from_config`` from the
-target's config with ``num_hidden_layers=1``, so a Llama target gets a Llama layer, a Qwen2 target a Qwen2
-layer). The target acts as an *encoder*: its hidden states ``H = (h_0, ..., h_{p-1})`` of the verified tokens
-taken from an intermediate layer (App. B: the fourth-to-last; ``EddConfig.encoder_layer``) are fed to EDD as a
-**soft prompt** -- as input embeddings, ahead of the draft tokens, at the same positions as the tokens they
-encode -- and EDD decodes the draft autoregressively after them::
+target's config with ``num_hidden_layers=1`` and full attention, ``modeling/target_layers.py``: a Llama target
+gets a Llama layer, a Gemma 3 target a Gemma 3 layer). The target acts as an *encoder*: its hidden states
+``H = (h_0, ..., h_{p-1})`` of the verified tokens taken from an intermediate layer (App. B: the fourth-to-last;
+``EddConfig.encoder_layer``) are fed to EDD as a **soft prompt** -- as input embeddings, ahead of the draft tokens,
+at the same positions as the tokens they encode -- and EDD decodes the draft autoregressively after them::
 
     EDD input:  h_0  h_1 ... h_{p-1} | x_p   d_{p+1}  d_{p+2} ...
     positions:  0    1   ... p-1     | p     p+1      p+2
@@ -30,12 +30,10 @@ a vanilla one-layer draft model (VDM) sharing the target's embedding and head.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModel, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -45,9 +43,7 @@ from hf_specdec.target import target_fingerprint
 
 from .attached import TargetAttachedMixin
 from .masks import drafted_positions, dual_block_mask
-
-# Keys of a target config that only make sense for the full stack and are dropped for the one-layer decoder.
-_PER_LAYER_KEYS = ("layer_types", "mlp_only_layers", "sliding_window_pattern", "no_rope_layers")
+from .target_layers import build_layer_config, layer_config_dict
 
 
 class EddConfig(PretrainedConfig):
@@ -121,21 +117,12 @@ class EddConfig(PretrainedConfig):
         cls, target: PreTrainedModel, encoder_layer: int | None = None, soft_prompt: bool = True, **overrides
     ) -> EddConfig:
         """A config whose decoder layer has the architecture and sizes of ``target``'s layers."""
-        t = copy.deepcopy(target.config.get_text_config())
-        n = t.num_hidden_layers
+        n = target.config.get_text_config().num_hidden_layers
         if encoder_layer is not None and not 0 <= encoder_layer <= n:
             raise SpecDecError(
                 f"encoder_layer must be in [0, {n}] for a {n}-layer target, got {encoder_layer}"
             )
-        decoder = t.to_dict()
-        for key in _PER_LAYER_KEYS + (
-            "_name_or_path",
-            "architectures",
-            "quantization_config",
-            "transformers_version",
-        ):
-            decoder.pop(key, None)
-        decoder.update(num_hidden_layers=1, tie_word_embeddings=False, use_cache=True)
+        decoder = layer_config_dict(target, 1)
         return cls(
             layer_config=decoder,
             encoder_layer=encoder_layer,
@@ -146,11 +133,8 @@ class EddConfig(PretrainedConfig):
         )
 
     def decoder_config(self) -> PretrainedConfig:
-        if not self.layer_config.get("model_type"):
-            raise SpecDecError("EddConfig has no decoder config; build it with EddConfig.for_target(target)")
-        values = dict(self.layer_config)
-        values["attn_implementation"] = "sdpa"  # custom 4D masks (dual-block, tree) need sdpa or eager
-        return AutoConfig.for_model(values.pop("model_type"), **values)
+        """The transformers config of the EDD layer (``modeling/target_layers.py``)."""
+        return build_layer_config(self.layer_config, "EDD")
 
 
 class EddPreTrainedModel(PreTrainedModel):
@@ -177,13 +161,13 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
+        """Linear layers drawn at random; norms keep their architecture's own initial values (ones for Llama's,
+        zeros for Gemma's ``(1 + w)`` norms)."""
         std = getattr(self.config.decoder_config(), "initializer_range", 0.02)
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif "RMSNorm" in type(module).__name__ or isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
 
     # ---------------------------------------------------------------- the target: see attached.py
     def set_input_embeddings(self, value) -> None:  # the embedding belongs to the target

@@ -36,6 +36,7 @@ from hf_specdec.hf_compat import rotary_for_layer_type
 from .attached import TargetAttachedMixin
 from .glide_config import GlideConfig
 from .glide_layers import GlideDecoderLayer
+from .masks import blockwise_cross_mask, drafted_positions, dual_block_mask
 from .target_layers import decoder_classes
 
 
@@ -149,8 +150,6 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         """``hidden_states`` kwargs for a training batch: those keys / values seen through the block-wise mask."""
         if not self.config.cross_attention:
             return {}
-        from hf_specdec.trainers.masks import blockwise_cross_mask
-
         layers = sorted(set(self.config.target_layers))
         kv = {layer: (features[f"keys.{layer}"], features[f"values.{layer}"]) for layer in layers}
         mask = blockwise_cross_mask(input_ids.shape[1], self.config.block_size, input_ids.device)
@@ -163,18 +162,14 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
     def drafted_positions(self, input_ids: torch.LongTensor, context: dict) -> torch.Tensor:
         """Bool (n,): the positions whose input is, at inference, GLIDE's own previous draft (all but the first of
         each block of the block-wise mask; ``trainers/unrolled.py``)."""
-        from hf_specdec.trainers.unrolled import drafted_positions
-
         return drafted_positions(input_ids.shape[1], self.config.block_size, input_ids.device)
 
     def unrolled_inputs(self, input_ids: torch.LongTensor, fed_ids: torch.LongTensor, context: dict) -> dict:
         """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids`` (``trainers/unrolled.py``): one
         pass over ``[input_ids ; fed_ids]`` (both at positions 0..n-1). The self-attention mask lets a fed-back token
         see the data tokens before its round (at inference the drafter's own cache holds the verified tokens there)
-        and the fed-back tokens of its round (``trainers/masks.dual_block_mask``, the same pattern); both halves see
+        and the fed-back tokens of its round (``modeling/masks.dual_block_mask``, the same pattern); both halves see
         the target's cache through the block-wise mask. The fed-back half is the last n outputs."""
-        from hf_specdec.trainers.masks import dual_block_mask
-
         b, n = input_ids.shape
         positions = torch.arange(n, device=input_ids.device)
         kwargs = dict(context)

@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 
 import torch
-from hf_specdec.modeling.masks import drafted_positions  # noqa: F401  (for modeling/glide.py until issue 33 is done)
 
 from hf_specdec.errors import SpecDecError
 
