@@ -162,3 +162,77 @@ def test_round_start_match_counts_exactly_the_first_position_of_each_later_round
     for row in rows:  # only positions inside rounds (and the first round) supervised: no round start counted
         row["labels"] = [tok if i in (1, 4) else -100 for i, tok in enumerate(row["labels"])]
     assert "eval_top1_round_start" not in trainer.evaluate(Dataset.from_list(rows))
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["glide", "edd"])
+def test_bf16_mixed_precision_trains_and_saves_an_fp32_checkpoint(real_target, tmp_path, kind):
+    """Issue #32: bf16 autocast (the default where the CPU runs bf16 natively) lowers the loss on real data, keeps
+    fp32 weights, and the checkpoint loads in fp32 with the logits it was saved with."""
+    from datasets import Dataset
+    from hf_specdec.modeling import EddConfig, EddForCausalLM
+    from hf_specdec.trainers.data import packed_dataset
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    model, tok = real_target
+    data = packed_dataset(tok, "train", block_size=64, limit=2)
+    data = Dataset.from_list([data[0], data[1]])
+    torch.manual_seed(0)
+    if kind == "edd":
+        drafter = EddForCausalLM(EddConfig.for_target(model, draft_vocab_size=2048)).attach_target(model)
+    else:
+        drafter = GlideForCausalLM(GlideConfig.for_target(model, draft_vocab_size=2048)).attach_target(model)
+    drafter.init_from_target(model)
+    drafter.set_draft_vocab(torch.arange(2048))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, learning_rate=2e-3,
+        lr_scheduler_type="constant", report_to=[], remove_unused_columns=False, save_strategy="no",
+        use_cpu=True, disable_tqdm=True, bf16=True,
+    )  # fmt: skip
+    trainer = DrafterTrainer(model=drafter, args=args, train_dataset=data, eval_dataset=data, target=model)
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]
+    assert after < before - 0.1, (before, after)
+    assert all(p.dtype == torch.float32 for p in drafter.parameters())  # autocast: fp32 master weights
+    drafter.save_pretrained(tmp_path / "saved")
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "saved", target=model, dtype=torch.float32
+    ).eval()
+    assert next(loaded.parameters()).dtype == torch.float32
+    saved = (
+        loaded.state_dict()
+    )  # every trained weight, exactly (accelerate leaves `drafter.forward` under autocast)
+    for name, value in drafter.state_dict().items():
+        torch.testing.assert_close(saved[name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_precision_auto_is_bf16_only_where_native(monkeypatch, native):
+    from types import SimpleNamespace
+
+    from hf_specdec.trainers.run_support import mixed_precision_bf16
+
+    from hf_specdec import machine
+
+    monkeypatch.setattr(machine, "cpu_has_native_bf16", lambda flags=None: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mixed_precision_bf16(SimpleNamespace(precision="auto")) is native
+    assert mixed_precision_bf16(SimpleNamespace(precision="fp32")) is False
+    assert mixed_precision_bf16(SimpleNamespace(precision="bf16")) is True
+    assert mixed_precision_bf16(SimpleNamespace()) is False  # a programmatic Namespace: fp32 as before
+
+
+def test_training_clis_default_to_precision_auto():
+    import argparse
+
+    from hf_specdec.trainers.run_options import add_job_arguments
+    from hf_specdec.trainers.space import add_arguments
+
+    for add in (add_job_arguments, add_arguments):
+        p = argparse.ArgumentParser()
+        add(p)
+        known, _ = p.parse_known_args(["--output-dir", "o"])
+        assert known.precision == "auto"
+        assert p.parse_known_args(["--output-dir", "o", "--bf16"])[0].precision == "bf16"

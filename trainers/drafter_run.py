@@ -85,15 +85,12 @@ def training_arguments(args):
 
     from .run_support import shared_training_arguments
 
-    if args.bf16 and not torch.cuda.is_available():
-        print("--bf16 on a CPU: mixed precision is emulated unless the CPU has native bf16 (slower)")
     return TrainingArguments(
         **shared_training_arguments(args),
         per_device_eval_batch_size=args.eval_batch_size or args.batch_size,
         learning_rate=args.lr,
         weight_decay=0.0,
         warmup_steps=args.warmup_steps,
-        bf16=bool(args.bf16),
         disable_tqdm=False,
     )
 
@@ -189,7 +186,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         ),
         "steps": steps,
         "train_tokens": steps * args.batch_size * args.grad_accum * targs.world_size * args.block_size,
-        "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if args.bf16 else ''}), "
+        "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if targs.bf16 else ''}), "
         f"batch {args.batch_size}x{args.grad_accum}"
         + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")
         + f", lr {args.lr}, loss {kind}"

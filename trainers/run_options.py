@@ -36,15 +36,26 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="KL against the target's top-k tokens only, as a feature store keeps them (default: all)",
     )
-    p.add_argument(
-        "--bf16", action="store_true", help="bf16 mixed precision (a GPU, or a CPU with native bf16)"
-    )
+    add_precision_argument(p)
     p.add_argument(
         "--init-from",
         default=None,
         metavar="DIR",
         help="start from a saved drafter's weights (and draft vocabulary) instead of --init: continued training",
     )
+
+
+def add_precision_argument(p: argparse.ArgumentParser) -> None:
+    """``--precision`` (and its short form ``--bf16``) of every training run (issue #32)."""
+    p.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="the training step's precision: bf16 = mixed precision (bf16 autocast over fp32 weights and optimizer "
+        "state); auto (default) = bf16 where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or "
+        "AMX), fp32 elsewhere",
+    )
+    p.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="--precision bf16")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

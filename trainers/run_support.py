@@ -45,10 +45,25 @@ class TimeLimitCallback(TrainerCallback):
         return control
 
 
+def mixed_precision_bf16(args) -> bool:
+    """Whether the run trains in bf16 mixed precision: ``--precision`` resolved like ``--dtype auto``
+    (``hf_specdec.machine.resolve_auto_dtype``); a Namespace without it (programmatic runs) trains in fp32."""
+    import torch
+
+    from hf_specdec.machine import cpu_has_native_bf16, resolve_auto_dtype
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    bf16 = resolve_auto_dtype(getattr(args, "precision", None) or "fp32", device) == "bf16"
+    if bf16 and device == "cpu" and not cpu_has_native_bf16():
+        print("--precision bf16 on a CPU without native bf16: mixed precision is emulated there (slower)")
+    return bf16
+
+
 def shared_training_arguments(args) -> dict:
     """The ``TrainingArguments`` every recipe shares (glide, edd, space): the same output folder, steps, batch sizes
     and cosine schedule fields, logging / evaluation / checkpoints every N steps (two kept), the batches built in the
-    process (no workers, all columns kept for the collator), the seed, no reporting, and the CPU (gloo) off CUDA."""
+    process (no workers, all columns kept for the collator), the seed, no reporting, the CPU (gloo) off CUDA, and bf16
+    mixed precision as ``--precision`` resolves (:func:`mixed_precision_bf16`)."""
     import torch
 
     return dict(
@@ -68,6 +83,7 @@ def shared_training_arguments(args) -> dict:
         dataloader_num_workers=0,
         seed=args.seed,
         use_cpu=not torch.cuda.is_available(),
+        bf16=mixed_precision_bf16(args),
     )
 
 

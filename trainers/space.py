@@ -34,6 +34,7 @@ from hf_specdec.options import add_model_arguments
 from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token
 from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 
+from .run_options import add_precision_argument
 from .space_collator import SpaceDataCollator
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -86,7 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this wall time")
     p.add_argument("--save", choices=["merged", "adapter"], default="merged")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="the model's weights (fp32: a master copy)"
+    )
+    add_precision_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--tau-prompts", type=int, default=4, help="validation prompts to measure tau on (0: skip)"
@@ -203,15 +207,17 @@ def training_arguments(args: argparse.Namespace, lr: float):
 
     from .run_support import shared_training_arguments
 
+    shared = shared_training_arguments(args)
+    if args.dtype == "bf16":  # bf16 weights: the step is bf16 whatever --precision says
+        shared["bf16"] = True
     return TrainingArguments(
-        **shared_training_arguments(args),
+        **shared,
         per_device_eval_batch_size=args.batch_size,
         learning_rate=lr,
         warmup_steps=max(1, args.max_steps // 20),
         adam_beta1=0.9,
         adam_beta2=0.999,
         max_grad_norm=1.0,
-        bf16=args.dtype == "bf16",
     )
 
 
