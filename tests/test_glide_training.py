@@ -236,3 +236,20 @@ def test_training_clis_default_to_precision_auto():
         known, _ = p.parse_known_args(["--output-dir", "o"])
         assert known.precision == "auto"
         assert p.parse_known_args(["--output-dir", "o", "--bf16"])[0].precision == "bf16"
+
+
+def test_validation_holds_the_asked_supervised_tokens():
+    """Issue #32: validation blocks are taken until they hold --eval-tokens supervised tokens (or the split ends)."""
+    from datasets import Dataset
+    from hf_specdec.trainers.drafter_run import validation_blocks
+
+    asked = []
+
+    def blocks(split, limit):  # 10 blocks of 8 tokens, 3 of them supervised each
+        asked.append((split, limit))
+        rows = [{"input_ids": [1] * 8, "labels": [-100] * 5 + [7] * 3} for _ in range(min(limit, 10))]
+        return Dataset.from_list(rows)
+
+    assert len(validation_blocks(blocks, 10, 8)) == 4  # 4 x 3 = 12 >= 10 supervised tokens
+    assert asked[0] == ("validation", 3)  # first guess 2 x 10 / 8 blocks, then doubled until enough
+    assert len(validation_blocks(blocks, 1000, 8)) == 10  # fewer in the split: all of it

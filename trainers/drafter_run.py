@@ -54,29 +54,48 @@ class DrafterRecipe:
 def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
     """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now; as
     many training blocks as ``max_steps`` global batches take (``processes`` x batch x accumulation each); no
-    training blocks (None) without ``with_train``."""
+    training blocks (None) without ``with_train``. Validation: ``--eval-blocks`` blocks, or else the first blocks
+    that hold ``--eval-tokens`` supervised tokens."""
     n_train = args.max_steps * args.batch_size * args.grad_accum * processes
     source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
-    print(
-        f"packing {source} into {n_train} train / {args.eval_blocks} validation blocks of {args.block_size} tokens"
-    )
     if args.corpus:
         from .corpus import packed_from_corpus
 
-        train = (
-            packed_from_corpus(args.corpus, "train", args.block_size, n_train, tokenizer)
-            if with_train
-            else None
-        )
-        valid = packed_from_corpus(args.corpus, "validation", args.block_size, args.eval_blocks, tokenizer)
+        def blocks(split: str, limit: int | None):
+            return packed_from_corpus(args.corpus, split, args.block_size, limit, tokenizer)
     else:
         from .data import packed_dataset
 
-        train = packed_dataset(tokenizer, "train", args.block_size, limit=n_train) if with_train else None
-        valid = packed_dataset(tokenizer, "validation", args.block_size, limit=args.eval_blocks)
+        def blocks(split: str, limit: int | None):
+            return packed_dataset(tokenizer, split, args.block_size, limit=limit)
+
+    train = blocks("train", n_train) if with_train else None
+    eval_blocks = getattr(args, "eval_blocks", None)
+    if eval_blocks:
+        valid = blocks("validation", eval_blocks)
+    else:
+        valid = validation_blocks(blocks, getattr(args, "eval_tokens", 20000), args.block_size)
+    print(f"packed {source}: {n_train} train / {len(valid)} validation blocks of {args.block_size} tokens")
     if train is not None and len(train) < n_train:
         print(f"{len(train)} train blocks: {n_train / len(train):.2f} epochs over them")
     return train, valid
+
+
+def validation_blocks(blocks: Callable, tokens: int, block_size: int):
+    """The first validation blocks (``blocks("validation", limit)``) that hold at least ``tokens`` supervised tokens
+    (labels other than -100), or all of them if the split holds fewer."""
+    limit = max(1, -(-2 * tokens // block_size))
+    while True:
+        valid = blocks("validation", limit)
+        seen = 0
+        for i, labels in enumerate(valid["labels"]):
+            seen += sum(1 for x in labels if x != -100)
+            if seen >= tokens:
+                return valid.select(range(i + 1))
+        if len(valid) < limit:
+            print(f"the validation split holds {seen} supervised tokens, fewer than --eval-tokens {tokens}")
+            return valid
+        limit *= 2
 
 
 def training_arguments(args):

@@ -51,7 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--init", choices=["target", "random"], default="target", help="warm start the layer from the target"
     )
     p.add_argument("--draft-vocab", type=int, default=0, help="keep only the N most frequent tokens (0: all)")
-    p.add_argument("--eval-blocks", type=int, default=16, help="validation blocks")
     add_run_arguments(p)
 
 

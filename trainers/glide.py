@@ -52,7 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--init", choices=["target", "random"], default="target", help="warm start from target layers"
     )
-    p.add_argument("--eval-blocks", type=int, default=24, help="validation blocks")
     add_run_arguments(p)
 
 

@@ -60,6 +60,16 @@ def add_precision_argument(p: argparse.ArgumentParser) -> None:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Evaluation, checkpointing, logging, the model card's measurement, stopping early, resuming, seed."""
+    p.add_argument(
+        "--eval-tokens",
+        type=int,
+        default=20000,
+        help="validate on held-out blocks holding at least this many supervised tokens (enough to read a top-1 "
+        "to two digits; issue #32)",
+    )
+    p.add_argument(
+        "--eval-blocks", type=int, default=None, help="validation blocks (instead of --eval-tokens)"
+    )
     p.add_argument("--eval-steps", type=int, default=50)
     p.add_argument(
         "--eval-batch-size",
