@@ -41,6 +41,9 @@ class TargetAttachedMixin:
     class-specific attach work goes in :meth:`_attach_extra`."""
 
     drafter_name = "drafter"  # the method's name in messages ("EDD", "GLIDE")
+    # Chains in transformers' assisted loop (``assistant_model=``) stop drafting when a token no longer pays for its
+    # cost on this machine (``core/draft_budget.ChainSizer``); False: always gamma tokens, as the papers draft.
+    chain_cost = True
     fingerprint_field = "target_info"  # the config field holding the target's fingerprint
 
     @property

@@ -177,6 +177,7 @@ def test_assisted_chain_accepts_drafts_and_keeps_soft_prompt_verified(target):
 
     edd = EddForCausalLM(EddConfig.for_target(target)).eval()
     edd.init_from_target(target)
+    edd.chain_cost = False  # all gamma drafts; no cost-timing forwards in the meter
     seen = []
     original = EddCandidateGenerator.get_candidates
 

@@ -157,6 +157,7 @@ def test_drafts_come_from_the_glide_generator_and_use_the_target_cache():
     target = tiny_llama()
     d = _drafter(target)
     d.generation_config.num_assistant_tokens = 3
+    d.chain_cost = False  # all gamma drafts (and no drafter-cost timing forwards through the spy)
     seen = []
     orig = d.hidden_states
 

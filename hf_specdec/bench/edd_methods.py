@@ -11,7 +11,9 @@ Trees run in the tree core's ``tree_generate`` and report their own ``DecodeStat
 ``steps``). Checkpoint: ``--option edd=PATH``, else ``runs/edd-smollm2`` (what ``hf-specdec train edd`` writes in
 docs/edd-pct.md), else the one shipped in ``hf_specdec/resources/edd-smollm2``. Table 3's ablations are
 checkpoints trained with ``--no-soft-prompt`` / ``--loss ce`` / ``--block-min 5 --block-max 5`` benched with
-``--option edd=PATH``. Other options: ``gamma`` (chain length), ``pct_width``, ``pct_depth``, ``pct_removal``,
+``--option edd=PATH``. Other options: ``gamma`` (chain length), ``chain_cost=0`` (the chain always drafts gamma
+tokens, as the paper; default 1: it stops at a token that does not pay its cost, ``core/draft_budget.ChainSizer``),
+``pct_width``, ``pct_depth``, ``pct_removal``,
 ``pct_ratio`` (pin s_d/s_t instead of measuring it), ``pct_temperature`` (confidence temperature instead of the
 drafter's calibrated one), ``eagle2_total``.
 """
@@ -45,6 +47,7 @@ class EddChain(Method):
         self.edd = self.drafter = load_edd(ctx)
         if "gamma" in ctx.options:
             self.edd.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
+        self.edd.chain_cost = ctx.options.get("chain_cost", "1") != "0"
 
     batchable = True
 

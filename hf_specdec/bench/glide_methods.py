@@ -4,7 +4,8 @@ GLIDE drafter (glide-cape.txt §4.1) or the vanilla drafter (same architecture w
 Checkpoints come from ``--option glide=PATH`` / ``--option vanilla=PATH``; by default ``runs/glide-smollm2`` and
 ``runs/vanilla-smollm2`` (what ``hf-specdec train glide`` writes in the docs' recipe), then the GLIDE checkpoint
 shipped in the package (``hf_specdec/resources/glide-smollm2``). ``--option gamma=N`` sets the number of draft
-tokens per round (default 5). Stats are inferred from the target's forwards (``stats.ForwardMeter``). At
+tokens per round (default 5), ``chain_cost=0`` drafts all of them (default 1: the chain stops at a token that does
+not pay its cost on this machine, ``core/draft_budget.ChainSizer``). Stats are inferred from the target's forwards (``stats.ForwardMeter``). At
 ``--batch-size B > 1`` both take the batch in one ``generate(assistant_model=drafter)`` call (each row drafts its
 own chain in the batched tree loop, ``core/assisted.py``) and report that loop's stats.
 
@@ -54,6 +55,7 @@ class _DrafterMethod(GenerateCallMethod):
         self.drafter = GlideForCausalLM.from_pretrained(path, target=ctx.model, dtype=ctx.model.dtype).eval()
         if "gamma" in ctx.options:
             self.drafter.generation_config.num_assistant_tokens = int(ctx.options["gamma"])
+        self.drafter.chain_cost = ctx.options.get("chain_cost", "1") != "0"
 
     def generate_kwargs(self) -> dict:
         return dict(assistant_model=self.drafter)  # chain drafts in transformers' assisted loop at batch 1

@@ -17,16 +17,19 @@ def pad_token_id(tokenizer) -> int:
     return int(pad)
 
 
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of shape (B, longest row): each row right-aligned after ``pad_id``s."""
+def left_pad(
+    rows: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of shape (B, longest row) on ``device``: each row right-aligned after
+    ``pad_id``s. Built on the host from the rows' lists and moved once."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device="cpu")
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long, device="cpu")
             mask[i, width - len(r) :] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def unpad_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:

@@ -11,7 +11,9 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
 
+from .draft_budget import ChainSizer, DraftBudget, measured_drafter_cost
 from .generate_io import eos_token_ids
+from .verify_cost import measured_cost
 
 DEFAULT_GAMMA = 5  # gamma, the proposal length, when nothing else sets it
 
@@ -26,11 +28,14 @@ def init_chain_drafting(
     drafter: PreTrainedModel,
     generation_config: GenerationConfig,
     logits_processor: LogitsProcessorList | None,
+    target: PreTrainedModel | None = None,
 ) -> None:
     """Set ``generator``'s ``num_draft_tokens`` (gamma = the drafter's ``num_assistant_tokens``), ``do_sample``,
-    ``max_length``, ``eos`` (list of eos ids, empty when there are none) and ``logits_processor`` (the target's processors
+    ``max_length``, ``eos`` (list of eos ids, empty when there are none), ``logits_processor`` (the target's processors
     without ``MinLengthLogitsProcessor``: a draft that ends early is only a shorter proposal, and the target's
-    own processors still enforce the minimum length on what it accepts)."""
+    own processors still enforce the minimum length on what it accepts) and ``sizer``: a
+    :class:`~hf_specdec.core.draft_budget.ChainSizer` on ``target``'s measured costs when the drafter's
+    ``chain_cost`` is on (the default), else one that keeps all gamma tokens (the papers)."""
     generator.num_draft_tokens = chain_length(drafter)
     generator.do_sample = bool(generation_config.do_sample)
     generator.max_length = generation_config.max_length
@@ -38,21 +43,45 @@ def init_chain_drafting(
     generator.logits_processor = LogitsProcessorList(
         p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
     )
+    generator.sizer = ChainSizer(None)
+    generator.size_drafts = bool(getattr(drafter, "chain_cost", False)) and target is not None
+    generator.confidence_temperature = float(getattr(drafter.config, "confidence_temperature", 1.0) or 1.0)
+
+
+def chain_budget(
+    generator: CandidateGenerator, drafter: PreTrainedModel, target: PreTrainedModel, ids
+) -> None:
+    """On the generator's first step: its :class:`ChainSizer` on the measured ``c(q)`` (``ids``: a context to time
+    it on) and ``c_d`` of this machine (both cached per model, dtype, device and threads)."""
+    if generator.size_drafts and generator.sizer.budget is None:
+        budget = DraftBudget(measured_cost(target, ids[0]), measured_drafter_cost(drafter, target))
+        generator.sizer = ChainSizer(budget)
 
 
 def draft_token(
     generator: CandidateGenerator, drafter: PreTrainedModel, sequence: torch.Tensor, logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One chain draft token from the drafter's ``logits`` (over its draft vocabulary, ``modeling/attached.py``)
-    at the end of ``sequence``: ``(token (1, 1), full-vocabulary processed logits or None)``. Greedy without
-    logits processors takes the argmax over the draft vocabulary directly; otherwise the logits are mapped to the
-    full vocabulary, processed like the target's, and sampled (``do_sample``) or maximised. The processed logits
-    are what transformers' speculative sampling needs as the draft distribution q."""
+    at the end of ``sequence``: ``(token (1, 1), full-vocabulary processed logits or None, confidence)``. Greedy
+    without logits processors takes the argmax over the draft vocabulary directly; otherwise the logits are mapped
+    to the full vocabulary, processed like the target's, and sampled (``do_sample``) or maximised. The processed
+    logits are what transformers' speculative sampling needs as the draft distribution q. ``confidence`` (a (1, 1)
+    float tensor on the device, no host read): the token's probability under ``softmax(logits / T)``, ``T`` the
+    drafter's ``confidence_temperature`` (the estimate :class:`ChainSizer` reads)."""
+    t = generator.confidence_temperature
     if not len(generator.logits_processor) and not generator.do_sample:
         token = logits.argmax(-1, keepdim=True)
+        scaled = logits.float() / t
+        confidence = (scaled.gather(-1, token) - scaled.logsumexp(-1, keepdim=True)).exp()
         ids = drafter.draft_vocab_ids
-        return (token if ids is None else ids[token]), None
+        return (token if ids is None else ids[token]), None, confidence
     full = generator.logits_processor(sequence, drafter.to_full_vocab(logits.float()))
-    if generator.do_sample:
-        return torch.multinomial(full.softmax(-1), 1), full
-    return full.argmax(-1, keepdim=True), full
+    token = torch.multinomial(full.softmax(-1), 1) if generator.do_sample else full.argmax(-1, keepdim=True)
+    return token, full, (full / t).softmax(-1).gather(-1, token)
+
+
+def read_draft(token: torch.Tensor, confidence: torch.Tensor) -> tuple[int, float]:
+    """The one host read of a chain draft step: the token id and its confidence together (ids below 2**24 are
+    exact in float32)."""
+    token_id, p = torch.cat([token.to(confidence.dtype), confidence], dim=-1)[0].tolist()
+    return int(token_id), p

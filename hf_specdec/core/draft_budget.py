@@ -73,3 +73,33 @@ def measured_drafter_cost(drafter, target) -> float:
     if key not in cache:
         cache[key] = drafter_cost(drafter, target, rounds=3)
     return cache[key]
+
+
+class ChainSizer:
+    """:class:`DraftBudget` for a chain (one draft token per drafter forward; GLIDE's and EDD's
+    ``assistant_model`` generators): draft token ``k`` has estimate ``e_k = p_1 ... p_k`` (its confidences along the
+    chain). It is kept while ``e_k * T >= E * (c(q + 1) - c(q))``, and another drafter forward runs only if
+    ``worth_drafting(e_k)``; ``budget=None`` keeps every token (the papers' fixed gamma)."""
+
+    def __init__(self, budget: DraftBudget | None):
+        self.budget = budget
+
+    def start(self) -> None:
+        """A new step: no token drafted, one drafter forward about to run."""
+        self.reach, self.kept, self.gain = 1.0, 0, 1.0
+        self.time = 1.0 + (self.budget.drafter_cost if self.budget else 0.0)
+
+    def take(self, confidence: float) -> tuple[bool, bool]:
+        """``(keep, more)`` for the token just drafted with ``confidence``: keep it in the proposal? draft another?"""
+        if self.budget is None:
+            return True, True
+        e = self.reach * confidence
+        step = self.budget.marginal(self.kept)
+        if e * self.time < self.gain * step:
+            return False, False
+        self.reach, self.kept, self.gain = e, self.kept + 1, self.gain + e
+        self.time += step
+        more = self.budget.worth_drafting(e, self.kept)
+        if more:
+            self.time += self.budget.drafter_cost
+        return True, more

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..core.chain_drafting import draft_token, init_chain_drafting
+from ..core.chain_drafting import chain_budget, draft_token, init_chain_drafting, read_draft
 from ..core.timing import clock
 from ..errors import SpecDecError
 from .draft_state import EddDraftState
@@ -21,7 +21,7 @@ class EddCandidateGenerator(CandidateGenerator):
         self.edd = edd
         self.target = target
         self.state = EddDraftState(edd)
-        init_chain_drafting(self, edd, generation_config, logits_processor)  # gamma, eos, ...
+        init_chain_drafting(self, edd, generation_config, logits_processor, target)  # gamma, eos, sizer
         self.prev_total: int | None = None  # length of the last candidate sequence we returned
         self.draft_time = 0.0
 
@@ -48,20 +48,28 @@ class EddCandidateGenerator(CandidateGenerator):
         if budget <= 0 or (self.state.soft_prompt and self.state.known() == 0):
             self.prev_total = cur_len
             return input_ids, None
+        chain_budget(self, self.edd, self.target, input_ids)
+        self.sizer.start()
         device = self.edd.decoder.norm.weight.device
         sequence = input_ids.to(device)
         hidden = self.state.root_step(sequence)
         scores = []
         for i in range(budget):
-            token, processed = draft_token(self, self.edd, sequence, self.edd.draft_logits(hidden))
+            token, processed, confidence = draft_token(
+                self, self.edd, sequence, self.edd.draft_logits(hidden)
+            )
+            token_id, p = read_draft(token, confidence)
+            kept, more = self.sizer.take(p)
+            if not kept:
+                break
             scores.append(processed)
             sequence = torch.cat([sequence, token], dim=1)
-            if int(token) in self.eos or i == budget - 1:
+            if token_id in self.eos or i == budget - 1 or not more:
                 break
             hidden = self.state.chain_step(token, sequence.shape[1] - 1)
         self.prev_total = sequence.shape[1]
         self.draft_time += clock(input_ids.device) - t0
-        return sequence, (torch.stack(scores, dim=1) if self.do_sample else None)
+        return sequence, (torch.stack(scores, dim=1) if self.do_sample and scores else None)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
         pass  # gamma is constant

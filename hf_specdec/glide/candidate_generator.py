@@ -23,7 +23,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..core.chain_drafting import draft_token, init_chain_drafting
+from ..core.chain_drafting import chain_budget, draft_token, init_chain_drafting, read_draft
 from ..core.timing import clock
 
 
@@ -77,7 +77,7 @@ class GlideCandidateGenerator(CandidateGenerator):
     def __init__(self, drafter, target, generation_config, logits_processor=None):
         self.drafter = drafter
         self.target = target
-        init_chain_drafting(self, drafter, generation_config, logits_processor)  # gamma, eos, ...
+        init_chain_drafting(self, drafter, generation_config, logits_processor, target)  # gamma, eos, sizer
         self.state = GlideDraftCache(drafter)
         self.draft_time = 0.0
 
@@ -95,22 +95,26 @@ class GlideCandidateGenerator(CandidateGenerator):
         if budget <= 0 or (self.drafter.config.cross_attention and verified == 0):
             return input_ids, None
         keep = self.state.sync(input_ids)
+        chain_budget(self, self.drafter, self.target, input_ids)
+        self.sizer.start()
         device = self.drafter.norm.weight.device
         step_ids = input_ids[:, keep:].to(device)
         sequence = input_ids.to(device)
-        drafted, scores = [], []
+        scores = []
         for _ in range(budget):
-            token, processed = draft_token(
-                self, self.drafter, sequence, self.state.step(step_ids, target_cache)
-            )
+            logits = self.state.step(step_ids, target_cache)
+            token, processed, confidence = draft_token(self, self.drafter, sequence, logits)
+            token_id, p = read_draft(token, confidence)
+            kept, more = self.sizer.take(p)
+            if not kept:
+                break
             scores.append(processed)
-            drafted.append(token)
             sequence = torch.cat([sequence, token], dim=1)
             step_ids = token
-            if int(token) in self.eos:
+            if token_id in self.eos or not more:
                 break
         self.draft_time += clock(input_ids.device) - t0
-        candidate_logits = torch.stack(scores, dim=1) if self.do_sample else None
+        candidate_logits = torch.stack(scores, dim=1) if self.do_sample and scores else None
         return sequence, candidate_logits
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
