@@ -9,6 +9,7 @@ from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, 
 
 import hf_specdec
 from hf_specdec.core.stats import DecodeStats
+from hf_specdec.core.verify_cost import CostCurve
 from hf_specdec.errors import SpecDecError
 from hf_specdec.space.decoding import attention_mask, build_input, positions, space_generate
 
@@ -154,9 +155,12 @@ def test_stops_at_eos_inside_an_accepted_run():
     assert torch.equal(out, ref_eos) and int(out[0, -1]) == eos
 
 
-def test_sampling_keeps_the_target_distribution():
+@pytest.mark.parametrize("space_cost", [False, CostCurve.linear(0.158)], ids=["all", "cost-sized"])
+def test_sampling_keeps_the_target_distribution(space_cost):
     """First two sampled tokens (temperature + top-k) through SPACE: the second one goes through the
-    min(1, Q/P_c) test against a candidate drawn from the mask distribution, with residual resampling."""
+    min(1, Q/P_c) test against a candidate drawn from the mask distribution, with residual resampling. Cost-sized:
+    the first candidate is verified only when its mask distribution is confident enough (max prob >= 0.36: about
+    half the steps with this model; its confidences lie in 0.35-0.38)."""
     stats = pytest.importorskip("scipy.stats")
     V = 7
     model = tiny_llama(vocab_size=V, seed=3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -180,7 +184,7 @@ def test_sampling_keeps_the_target_distribution():
     try:
         with torch.no_grad():
             for _ in range(n):
-                out = space_generate(model, prompt, procs, stop, cfg, stats=st)
+                out = space_generate(model, prompt, procs, stop, cfg, stats=st, space_cost=space_cost)
                 counts[out[0, 3], out[0, 4]] += 1
     finally:
         torch.set_num_threads(threads)
@@ -233,3 +237,23 @@ def test_greedy_is_token_identical_on_the_real_target(real_target):
         custom_generate=hf_specdec.space,
     )
     assert torch.equal(out, ref)
+
+
+def test_cost_sized_candidates_stay_exact_and_shrink_with_the_cost():
+    """Issue #31: where verifying a token costs three forwards, fewer candidates are verified than where it is
+    free; greedy output identical to plain decoding either way."""
+    model = _peaked(tiny_llama(vocab_size=97), k=3)
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    kw = dict(max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref = model.generate(prompt, **kw)
+    drafted = {}
+    for name, cost in (
+        ("free", CostCurve({1: 1.0, 2: 1.0})),
+        ("steep", CostCurve.linear(3.0)),
+        ("off", False),
+    ):
+        stats = DecodeStats()
+        out = model.generate(prompt, custom_generate=hf_specdec.space, space_cost=cost, stats=stats, **kw)
+        assert torch.equal(out, ref), name
+        drafted[name] = stats.drafted / stats.target_forwards
+    assert drafted["free"] == drafted["off"] > drafted["steep"], drafted

@@ -15,7 +15,8 @@ Which weights ``space`` decodes:
 
 When ``space`` decodes a model of its own, its lossless column is against plain greedy ``generate`` of that model
 (run by the bench, untimed) and its speedup is over ``ar`` on the bench's target (``bench/own_models.py``); the
-report's model line says so. ``--option space_masks=N``: masks per group (default the card's, else the trained k).
+report's model line says so. ``--option space_masks=N``: masks per group (default the card's, else the trained k);
+``--option space_cost=0``: verify every candidate (the paper; default 1: those that pay their cost, issue #31).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Space(Method):
     def setup(self, ctx: BenchContext) -> None:
         super().setup(ctx)
         self.masks = int(ctx.options["space_masks"]) if "space_masks" in ctx.options else None
+        self.space_cost = ctx.options.get("space_cost", "1") != "0"
         self.model_source = None  # the SAR-SFT checkpoint it loaded when the target is not one
         if getattr(ctx.model.config, "space_mask_token_id", None) is None:
             option = ctx.options.get("space_model")
@@ -78,6 +80,7 @@ class Space(Method):
             max_new_tokens,
             custom_generate=self.generate_fn,
             num_masks=self.masks,
+            space_cost=self.space_cost,
         )
 
 

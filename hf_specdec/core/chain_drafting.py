@@ -66,18 +66,20 @@ def draft_token(
     without logits processors takes the argmax over the draft vocabulary directly; otherwise the logits are mapped
     to the full vocabulary, processed like the target's, and sampled (``do_sample``) or maximised. The processed
     logits are what transformers' speculative sampling needs as the draft distribution q. ``confidence`` (a (1, 1)
-    float tensor on the device, no host read): the token's probability under ``softmax(logits / T)``, ``T`` the
-    drafter's ``confidence_temperature`` (the estimate :class:`ChainSizer` reads)."""
+    float tensor on the device, no host read): the largest probability of ``softmax(logits / T)``, ``T`` the
+    drafter's ``confidence_temperature`` (the estimate :class:`ChainSizer` reads). It is the greedy draft's own
+    probability, and when sampling it depends on the distribution only, never on the token drawn from it: a draft
+    kept or dropped by the value drawn would bias speculative sampling; one kept by its distribution does not."""
     t = generator.confidence_temperature
     if not len(generator.logits_processor) and not generator.do_sample:
         token = logits.argmax(-1, keepdim=True)
         scaled = logits.float() / t
-        confidence = (scaled.gather(-1, token) - scaled.logsumexp(-1, keepdim=True)).exp()
+        confidence = (scaled.max(-1, keepdim=True).values - scaled.logsumexp(-1, keepdim=True)).exp()
         ids = drafter.draft_vocab_ids
         return (token if ids is None else ids[token]), None, confidence
     full = generator.logits_processor(sequence, drafter.to_full_vocab(logits.float()))
     token = torch.multinomial(full.softmax(-1), 1) if generator.do_sample else full.argmax(-1, keepdim=True)
-    return token, full, (full / t).softmax(-1).gather(-1, token)
+    return token, full, (full / t).softmax(-1).max(-1, keepdim=True).values
 
 
 def read_draft(token: torch.Tensor, confidence: torch.Tensor) -> tuple[int, float]:

@@ -24,7 +24,7 @@ rules do; on a CPU in fp32, where ``c(q)`` rises steeply, it keeps short ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -37,7 +37,7 @@ _ATTR = "_hf_specdec_drafter_cost"
 class DraftBudget:
     """The cost model of the module docstring: ``cost`` (``c(q)``), ``drafter_cost`` (``c_d``) and ``rows``."""
 
-    def __init__(self, cost: CostCurve, drafter_cost: float = 0.0, rows: int = 1):
+    def __init__(self, cost: CostCurve | Callable[[int], float], drafter_cost: float = 0.0, rows: int = 1):
         self.cost, self.drafter_cost, self.rows = cost, float(drafter_cost), int(rows)
 
     def marginal(self, n: int) -> float:

@@ -35,11 +35,16 @@ Use ``model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=
 
 from __future__ import annotations
 
+import itertools
+import math
+import operator
+
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..core.acceptance import accept_tree, processed_scores
+from ..core.draft_budget import DraftBudget
 from ..core.generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
@@ -53,9 +58,11 @@ from ..core.generate_io import (
     stopping_criteria_or_default,
 )
 from ..core.kv_cache import compact_cache
+from ..core.sliding_window import LayerMasks
 from ..core.stats import DecodeStats
 from ..core.timing import clock
-from ..core.tree import TokenTree, additive_mask
+from ..core.tree import TokenTree
+from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 
 
@@ -86,6 +93,32 @@ def attention_mask(is_mask: torch.Tensor) -> torch.Tensor:
 def positions(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """``P_i = sum_j A_ij - 1`` (+ ``offset`` cached real tokens, which every row sees)."""
     return mask.long().sum(-1) - 1 + offset
+
+
+# ------------------------------------------------------------------------------------------ cost-sized candidates
+class _StepWidth:
+    """``c`` of a SPACE step verifying ``q - 1`` candidates with ``k`` masks per group: it feeds
+    ``1 + (q - 1) + q k`` tokens (eq. 4), on the model's measured curve (``core/verify_cost.py``)."""
+
+    def __init__(self, curve: CostCurve, k: int):
+        self.curve, self.k = curve, k
+
+    def __call__(self, q: int) -> float:
+        return self.curve(1 + (q - 1) + q * self.k)
+
+
+def candidate_budget(
+    model, input_ids: torch.Tensor, k: int, space_cost: bool | CostCurve
+) -> DraftBudget | None:
+    """The :class:`~hf_specdec.core.draft_budget.DraftBudget` of SPACE's candidates (issue #31 point 3): a candidate
+    is verified while its estimate (the product of the mask confidences along the chain) pays for the ``k + 1``
+    tokens it adds to the next step; drafting costs nothing apart (the masks ride in the same forward), and a step
+    with no candidate still costs ``c(1 + k)``, counted as the "drafter" cost of :meth:`DraftBudget.keep`."""
+    if space_cost is False or space_cost is None:
+        return None
+    curve = space_cost if isinstance(space_cost, CostCurve) else measured_cost(model, input_ids[0])
+    width = _StepWidth(curve, k)
+    return DraftBudget(width, drafter_cost=width(1) - 1.0)
 
 
 # ------------------------------------------------------------------------------------------ Alg. 1
@@ -120,6 +153,7 @@ def space_generate(
     stats: DecodeStats | None = None,
     space_generator: torch.Generator | None = None,
     specdec_streamer=None,
+    space_cost: bool | CostCurve = True,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """``custom_generate`` loop of SPACE auto-correct decoding (Alg. 1), batch size 1.
@@ -129,6 +163,8 @@ def space_generate(
     accepted counts. Greedy or sampling follows ``generation_config.do_sample``; processors (temperature,
     top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
     ``specdec_streamer``: a streamer fed the prompt, then every emitted token (``core/generate_io.py``).
+    ``space_cost`` (default True): verify only the candidates that pay for the width they add on this machine's
+    measured cost curve (:func:`candidate_budget`); False: all of them (the paper); a ``CostCurve``: that curve.
     """
     t_start = clock(input_ids.device)
     check_generation_mode(generation_config or model.generation_config, "SPACE decoding")
@@ -145,7 +181,9 @@ def space_generate(
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
     device = input_ids.device
     gen = space_generator
+    budget = candidate_budget(model, input_ids, k, space_cost)
     cache, past = prepare_cache(model, input_ids, model_kwargs)
+    masks = LayerMasks(model)  # sliding-window layers see their window (core/sliding_window.py)
 
     cands: list[int] = []  # L_c
     cand_probs: list[torch.Tensor] = []  # P_c as full distributions (sampling only)
@@ -162,11 +200,12 @@ def space_generate(
         local = attention_mask(is_mask)
         full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
         rows = len(ids) - len(pending) + 1  # rows from x_l on
+        fed_positions = positions(local, past)[None]
         t0 = clock(device)
         out = model(
             input_ids=torch.tensor([ids], device=device),
-            position_ids=positions(local, past)[None],
-            attention_mask=additive_mask(full[None, None], model.dtype),
+            position_ids=fed_positions,
+            attention_mask=masks.after_prefix(full[None, None], fed_positions, past),
             past_key_values=cache,
             use_cache=True,
             return_dict=True,
@@ -193,8 +232,16 @@ def space_generate(
         if do_sample:
             cand_probs = list(torch.softmax(gs, dim=-1))
             cands = [int(torch.multinomial(p, 1, generator=gen)) for p in cand_probs]
+            # by the distributions only: a candidate kept or dropped by the value drawn would bias the sampling
+            confidence = torch.stack(cand_probs).max(-1).values.tolist() if budget else []
         else:
-            cands, cand_probs = gs.argmax(-1).tolist(), []
+            best = gs.float().log_softmax(-1).max(-1)  # one read: the candidates and their confidences
+            ids_and_logp = torch.stack([best.indices.float(), best.values]).tolist()
+            cands, confidence, cand_probs = [int(t) for t in ids_and_logp[0]], ids_and_logp[1], []
+            confidence = [math.exp(v) for v in confidence]
+        if budget:  # a prefix: the chain's estimates only fall
+            estimates = list(itertools.accumulate(confidence, operator.mul))
+            cands = cands[: len(budget.keep(estimates, list(range(len(cands)))))]
 
         input_ids, finished = stop.append(input_ids, tokens)
         m = input_ids.shape[1] - past - len(pending)  # tokens emitted this step (a stop may cut them)
