@@ -127,8 +127,10 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
 
     # ---------------------------------------------------------------- training protocol (trainers/drafter_trainer.py)
     def target_forward_kwargs(self) -> dict | None:
-        """What the trainer asks of the frozen target: its KV cache (None for the vanilla drafter)."""
-        return {"use_cache": True} if self.config.cross_attention else None
+        """What the trainer asks of the frozen target: its KV cache (None for the vanilla drafter), in a new cache of
+        full layers on every call: a sliding-window layer's own cache would keep only its window, where at inference
+        GLIDE reads the verification loops' full layers (``core/sliding_window.verification_cache``)."""
+        return {"use_cache": True, "past_key_values": DynamicCache()} if self.config.cross_attention else None
 
     def round_length(self) -> int:
         """L of the block-wise mask: ``DrafterTrainer`` reports the top-1 match at each block's first position apart

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.tree import TokenTree
@@ -165,8 +165,12 @@ def test_direct_call_stops_at_max_length_and_eos():
     assert torch.equal(cut, ref[:, : first + 1])
 
 
-def test_sliding_window_model_falls_back_and_stays_exact():
-    class Chain2(NoisyOracle):  # the next two reference tokens: small trees that fit the window at first
+def test_sliding_window_model_keeps_its_trees_past_the_window():
+    """The tree loop verifies a sliding-window model into a cache of full layers, the window applied in its masks
+    (``core/sliding_window.py``): trees all the way, exact. A cache the caller passes with sliding-window entries
+    already in it is kept: trees while they fit the window, then plain steps, exact too."""
+
+    class Chain2(NoisyOracle):  # the next two reference tokens
         def propose(self, input_ids, max_depth):
             return TokenTree.from_chain(self.ref[input_ids.shape[1] : input_ids.shape[1] + 2])
 
@@ -175,6 +179,21 @@ def test_sliding_window_model_falls_back_and_stays_exact():
     ref = _greedy(model, prompt, 24)
     stats = DecodeStats()
     out = _greedy(model, prompt, 24, custom_generate=tree_generate, proposer=Chain2(ref, 0), stats=stats)
+    assert torch.equal(out, ref)
+    assert all(s["nodes"] for s in stats.steps[1:-1]) and stats.accepted > 12  # trees past the window too
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(prompt[:, :-1], past_key_values=cache, use_cache=True)
+    stats = DecodeStats()
+    out = _greedy(
+        model,
+        prompt,
+        24,
+        custom_generate=tree_generate,
+        proposer=Chain2(ref, 0),
+        stats=stats,
+        past_key_values=cache,
+    )
     assert torch.equal(out, ref)
     assert any(s["nodes"] for s in stats.steps) and stats.steps[-1]["nodes"] == 0  # trees early, plain later
 

@@ -106,7 +106,6 @@ def build_features(
             )
         meta["blocks"] = max(n, old["blocks"])
     meta_path.write_text(json.dumps(meta, indent=1))
-    fwd = {"output_hidden_states": False, **(drafter.target_forward_kwargs() or {})}
     cast = STORE_DTYPES[dtype]
     device = next(target.parameters()).device
     shards = math.ceil(meta["blocks"] / SHARD_BLOCKS)
@@ -120,6 +119,10 @@ def build_features(
             stop = min(start + batch_size, rows.stop)
             tok = torch.from_numpy(ids[start * block_size : stop * block_size]).view(-1, block_size)
             lab = torch.from_numpy(labels[start * block_size : stop * block_size]).view(-1, block_size)
+            fwd = {
+                "output_hidden_states": False,
+                **(drafter.target_forward_kwargs() or {}),
+            }  # a new cache each pass
             output = target.base_model(input_ids=tok.to(device), **fwd)
             logits = target.get_output_embeddings()(output.last_hidden_state[:, :-1])
             t_ids, t_logp = teacher_top_k(logits, top_k)

@@ -65,9 +65,18 @@ from ..hf_compat import (
     set_generation_mode_hook,
 )
 from .generate_io import check_generation_mode, check_prompt
+from .sliding_window import verification_cache
 from .stats import DecodeStats
 
-run_assisted_decoding = assisted_decoding
+
+def run_assisted_decoding(model, generator, *args, **kwargs):
+    """transformers' assisted loop with ``generator`` (``hf_compat.assisted_decoding``), verifying into a cache of
+    full layers where ``generate`` prepared sliding-window ones (``sliding_window.verification_cache``):
+    transformers 5.13's loop cannot crop a sliding-window layer past its window."""
+    if kwargs.get("past_key_values") is not None:
+        kwargs["past_key_values"] = verification_cache(model, kwargs["past_key_values"])
+    return assisted_decoding(model, generator, *args, **kwargs)
+
 
 _BATCH_STATS: contextvars.ContextVar[DecodeStats | None] = contextvars.ContextVar("batch_stats", default=None)
 
@@ -106,6 +115,9 @@ def _assisted_decoding(self, *args, **kwargs):
     factory = getattr(assistant, "make_tree_proposer", None)
     is_batch = torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[0] > 1
     if not (callable(factory) and is_batch):
+        if callable(getattr(assistant, "make_candidate_generator", None)) and "past_key_values" in kwargs:
+            # full layers for a model with sliding-window ones (as run_assisted_decoding)
+            kwargs["past_key_values"] = verification_cache(self, kwargs["past_key_values"])
         return ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
     from .tree_decoding import tree_generate  # not at import: tree_decoding pulls in the whole tree core
 

@@ -32,9 +32,10 @@ from .acceptance import accept_tree
 from .generate_io import NO_MAX_LENGTH, StopRule, eos_token_ids, logits_to_keep
 from .proposer import StepFeedback, TreeProposer
 from .ragged_cache import REPACK_FRACTION, RaggedCache
+from .sliding_window import LayerMasks
 from .stats import DecodeStats
 from .timing import clock
-from .tree import TokenTree, additive_mask
+from .tree import TokenTree
 from .verify_cost import CostCurve
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_hidden_states", "output_attentions")
@@ -137,7 +138,9 @@ def batched_tree_generate(
     stats.draft_time += clock(device) - t0
     finished_ids: dict[int, torch.Tensor] = {}
 
+    masks = LayerMasks(model)  # the masks per layer type (sliding windows count positions, not holes)
     positions, bool_mask = ragged.prefill_inputs(mask)
+    key_positions = positions
     fed, roots_at, is_prefill = input_ids, [input_ids.shape[1] - 1] * len(rows), True
     draft_s = 0.0
     while rows:
@@ -145,7 +148,7 @@ def batched_tree_generate(
         out = model(
             input_ids=fed,
             position_ids=positions,
-            attention_mask=additive_mask(bool_mask, model.dtype),
+            attention_mask=masks(bool_mask, positions, key_positions),
             past_key_values=ragged.cache,
             use_cache=True,
             output_hidden_states=need_hidden,
@@ -236,6 +239,7 @@ def batched_tree_generate(
         is_prefill = False
         roots = torch.cat([row.ids[:, -1] for row in rows])
         fed, positions, bool_mask = ragged.tree_inputs([row.tree for row in rows], roots)
+        key_positions = torch.cat([ragged.entry_positions(), positions], dim=1)
         roots_at = [0] * len(rows)
 
     stats.total_time += clock(device) - t_start

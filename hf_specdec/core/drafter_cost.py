@@ -18,14 +18,13 @@ def draft_step_costs(
     over the target's one-token forward after the same context, both timed here (median of 20 calls each); with
     ``rounds`` > 1, the median of that many such ratios over the one prefilled context (one round's ratio drifts by
     +-20% on a 2-core CPU, as the two sides are timed apart)."""
-    from transformers import DynamicCache
+    from .sliding_window import verification_cache
 
     device = device_of(target)
     ids = torch.randint(3, target.config.vocab_size, (1, context + 1), device=device)
-    cache = DynamicCache(config=target.config)
-    out = target.base_model(
-        input_ids=ids[:, :-1], past_key_values=cache, **(drafter.target_forward_kwargs() or {})
-    )
+    cache = verification_cache(target, None)  # the full layers the loops verify into (and GLIDE reads)
+    fwd = {k: v for k, v in (drafter.target_forward_kwargs() or {}).items() if k != "past_key_values"}
+    out = target.base_model(input_ids=ids[:, :-1], past_key_values=cache, **fwd)
 
     def target_step():
         target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)

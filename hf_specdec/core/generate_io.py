@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache, GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.cache_utils import Cache
 from transformers.generation import EosTokenCriteria, GenerationMode, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -32,6 +32,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..errors import SpecDecError
 from ..hf_compat import attn_implementation
 from .kv_cache import check_cache_supported
+from .sliding_window import verification_cache
 from .stats import DecodeStats
 from .timing import clock
 
@@ -141,10 +142,9 @@ def eos_token_ids(generation_config: GenerationConfig) -> list[int]:
 
 
 def prepare_cache(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[Cache, int]:
-    """The cache ``generate`` prepared (else a new ``DynamicCache``) and how many prompt tokens it holds already."""
-    cache = model_kwargs.get("past_key_values")
-    if cache is None:
-        cache = DynamicCache(config=model.config)
+    """The cache the tree loops verify into (``generate``'s, else a new ``DynamicCache``; of full layers for a model
+    with sliding-window layers, ``sliding_window.verification_cache``) and how many prompt tokens it holds already."""
+    cache = verification_cache(model, model_kwargs.get("past_key_values"))
     check_cache_supported(cache)
     past = cache.get_seq_length()
     if past >= input_ids.shape[1]:

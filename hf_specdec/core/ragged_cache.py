@@ -13,8 +13,9 @@ row therefore computes what it would compute alone, which is what makes the batc
 and holes cost attention time; :meth:`RaggedCache.repack` right-aligns the rows and drops the columns that are holes
 in every row (run by the loop when holes exceed :data:`REPACK_FRACTION` of the cache).
 
-Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only full-attention
-``DynamicLayer`` caches are supported here (a sliding window cannot skip holes).
+Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only ``DynamicLayer``
+caches are supported here: a model's sliding-window layers keep every entry too, their window is applied in the
+masks by positions (:meth:`RaggedCache.entry_positions`, ``sliding_window.py``), where holes do not count.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class RaggedCache:
             if type(layer) is not DynamicLayer:
                 raise SpecDecError(
                     f"batched speculative decoding needs full-attention dynamic cache layers; layer {i} is a "
-                    f"{type(layer).__name__} (sliding-window, static, quantized and offloaded caches cannot skip "
-                    "the holes of ragged rows); run the rows one at a time"
+                    f"{type(layer).__name__} (static, quantized and offloaded caches cannot skip the holes of "
+                    "ragged rows); let generate build its default cache, or run the rows one at a time"
                 )
         if cache.get_seq_length() != 0:
             raise SpecDecError(
@@ -46,6 +47,10 @@ class RaggedCache:
             )
         self.cache = cache
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=cache_device(cache))
+
+    def entry_positions(self) -> torch.Tensor:
+        """``(B, S)``: each cache entry's position (its row's real tokens before it; a hole gets its predecessor's)."""
+        return self.valid.long().cumsum(1) - 1
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -42,9 +42,10 @@ from .generate_io import (
 )
 from .kv_cache import check_tree_support, compact_cache
 from .proposer import StepFeedback, TreeProposer
+from .sliding_window import LayerMasks, verification_cache
 from .stats import DecodeStats
 from .timing import clock, untimed
-from .tree import TokenTree, additive_mask
+from .tree import TokenTree
 
 __all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer interface lives in proposer.py
 
@@ -99,8 +100,7 @@ def tree_generate(
     if input_ids.shape[0] > 1:  # a batch: every row on its own (core/batch_decoding.py)
         if specdec_streamer is not None or tree_streamer is not None:
             streamer = specdec_streamer if specdec_streamer is not None else tree_streamer
-        cache = model_kwargs.get("past_key_values")
-        cache = DynamicCache(config=model.config) if cache is None else cache
+        cache = verification_cache(model, model_kwargs.get("past_key_values"))
         sequences = batched_tree_generate(
             model,
             input_ids,
@@ -127,6 +127,7 @@ def tree_generate(
     hidden_layers = None if outputs.hidden_states is not None else proposer.hidden_layers
     need_attn = outputs.attentions is not None or proposer.needs_attentions
     cache, past = prepare_cache(model, input_ids, model_kwargs)
+    masks = LayerMasks(model)  # the tree mask per layer type (sliding windows)
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
 
     t0 = tick(device)
@@ -207,7 +208,7 @@ def tree_generate(
         tree, draft_s, warned = _propose(proposer, input_ids, max_length, cache, warned, tick)
         is_prefill = False
         fed, positions = tree.flat_tokens(input_ids[0, -1]), tree.position_ids(prefix)
-        mask = additive_mask(tree.attention_mask(prefix), model.dtype) if len(tree) else None
+        mask = masks.after_prefix(tree.attention_mask(prefix), positions, prefix) if len(tree) else None
 
     finish(stats, streamer, t_start, device, tick)
     return outputs.result(input_ids, cache)

@@ -28,10 +28,10 @@ def forward_times(
     model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 3, batch: int = 1
 ) -> dict:
     """Median seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``, in ``batch``
-    identical rows."""
-    from transformers import DynamicCache
+    identical rows, into the cache the verification loops use (full layers: ``sliding_window.verification_cache``)."""
+    from .sliding_window import verification_cache
 
-    cache = DynamicCache(config=model.config)
+    cache = verification_cache(model, None)
     device = device_of(model)
     context = context.to(device)
     model(context[None].repeat(batch, 1), past_key_values=cache, logits_to_keep=1)
