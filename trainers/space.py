@@ -37,17 +37,16 @@ from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 from .run_options import add_precision_argument
 from .space_collator import SpaceDataCollator
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 logger = logging.getLogger(__name__)
 
 
 def apply_lora(model, mask_token_id: int, r: int = 16, alpha: int = 32, dropout: float = 0.05):
-    """Wrap ``model`` with LoRA adapters on all attention/MLP projections; the ``[M]`` embedding row is
-    trained too (peft ``trainable_token_indices``, tied to the output head when weights are tied)."""
+    """Wrap ``model`` with LoRA adapters on every linear layer but the output head (peft's ``"all-linear"``: the
+    attention and MLP projections of any architecture, fused ones such as Phi-3's ``qkv_proj`` included); the
+    ``[M]`` embedding row is trained too (peft ``trainable_token_indices``, tied to the output head when weights are
+    tied)."""
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    targets = [t for t in LORA_TARGETS if t in present] or "all-linear"
     emb_name = next(n for n, m in model.named_modules() if m is model.get_input_embeddings()).rsplit(".", 1)[
         -1
     ]
@@ -55,7 +54,7 @@ def apply_lora(model, mask_token_id: int, r: int = 16, alpha: int = 32, dropout:
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=targets,
+        target_modules="all-linear",
         trainable_token_indices={emb_name: [mask_token_id]},
         task_type="CAUSAL_LM",
     )
