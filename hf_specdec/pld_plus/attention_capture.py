@@ -3,6 +3,10 @@
 A model on ``sdpa`` attention returns no attention weights; this computes the weights of a few selected heads next
 to the model's own kernel, through a thin registered attention function (``_attention_with_selected_weights``),
 so the model's outputs stay those of its own kernel.
+
+Sliding-window layers (Gemma 3) are masked to their window, and their rows are left-padded with zeros to the
+forward's full key length when their cache keeps only the window: every layer's row ``i`` then covers keys
+``0 .. t`` of the whole context, as the callers index them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..hf_compat import attn_implementation
 class _Capture:
     heads_by_layer: dict[int, torch.Tensor]  # layer index -> query-head indices whose weights are wanted
     last_rows: int | None = None  # compute only the last `last_rows` query rows (None: all)
+    keys: int | None = None  # the current forward's cached + fed tokens (set by a pre-hook on the model)
 
 
 _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("pld_plus_capture", default=None)
@@ -29,12 +34,14 @@ _WRAPPER_PREFIX = "pld_plus|"
 
 
 def _selected_weights(
-    module, query: torch.Tensor, key: torch.Tensor, scaling: float | None
+    module, query: torch.Tensor, key: torch.Tensor, scaling: float | None, window: int | None = None
 ) -> torch.Tensor | None:
     """Softmax attention of the selected heads of ``module`` (``None`` when none is selected there).
 
     Batch size 1 and no padding (assisted decoding's own restriction): query row ``i`` of ``q`` rows sits at key
-    position ``k - q + i``, which gives the causal mask. Shape ``(1, heads, rows, keys)``, float32.
+    position ``k - q + i``, which gives the causal mask, and the sliding ``window`` if the layer has one (a query
+    sees the ``window`` last positions, itself included, as transformers' mask). Shape ``(1, heads, rows, keys)``,
+    float32, ``keys`` the whole context's (zeros on the left for the positions a sliding cache dropped).
     """
     capture = _CAPTURE.get()
     if capture is None:
@@ -51,8 +58,27 @@ def _selected_weights(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     n_keys = k.shape[2]
     positions = torch.arange(n_keys - rows, n_keys, device=scores.device)
-    future = torch.arange(n_keys, device=scores.device)[None, :] > positions[:, None]
-    return scores.masked_fill_(future, float("-inf")).softmax(dim=-1)
+    keys = torch.arange(n_keys, device=scores.device)[None, :]
+    hidden = keys > positions[:, None]
+    if window:
+        hidden |= keys <= positions[:, None] - window
+    weights = scores.masked_fill_(hidden, float("-inf")).softmax(dim=-1)
+    if capture.keys is not None and capture.keys > n_keys:  # a sliding cache kept only the window's keys
+        weights = torch.nn.functional.pad(weights, (capture.keys - n_keys, 0))
+    return weights
+
+
+def _note_keys(capture: _Capture):
+    """A forward pre-hook on the model: the forward's key length, cached tokens plus the ones it feeds."""
+
+    def hook(model, args, kwargs):
+        fed = kwargs.get("input_ids", args[0] if args else None)
+        fed = kwargs.get("inputs_embeds") if fed is None else fed
+        cache = kwargs.get("past_key_values")
+        past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        capture.keys = None if fed is None else past + fed.shape[1]
+
+    return hook
 
 
 def _make_attention(base: str):
@@ -64,7 +90,8 @@ def _make_attention(base: str):
         """The model's own ``base`` attention for the output, plus the selected heads' weights (or ``None``)."""
         kwargs.pop("output_attentions", None)  # the base kernel does not return weights; we do, below
         out, _ = base_fn(module, query, key, value, attention_mask, **kwargs)
-        return out, _selected_weights(module, query, key, kwargs.get("scaling"))
+        window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+        return out, _selected_weights(module, query, key, kwargs.get("scaling"), window)
 
     return _attention_with_selected_weights
 
@@ -103,6 +130,11 @@ def capture_selected_attention(
 
     base = attn_implementation(model)
     if base == "eager":
+        if getattr(model.config.get_text_config(), "sliding_window", None):
+            raise SpecDecError(
+                "PLD+(a) cannot align the eager attention of a sliding-window model (its cache keeps only the "
+                "window); load the model with attn_implementation='sdpa'"
+            )
         yield False
         return
     if base.startswith(_WRAPPER_PREFIX):
@@ -112,11 +144,14 @@ def capture_selected_attention(
             f"PLD+(a) cannot read attention weights from attn_implementation={base!r}; "
             "load the model with attn_implementation='sdpa' or 'eager'"
         )
-    token = _CAPTURE.set(_Capture(heads_by_layer, last_rows))
+    capture = _Capture(heads_by_layer, last_rows)
+    token = _CAPTURE.set(capture)
+    hook = model.register_forward_pre_hook(_note_keys(capture), with_kwargs=True)
     try:
         model.set_attn_implementation(_register_wrapper(base))
         yield True
     finally:
+        hook.remove()
         if attn_implementation(model) != base:
             model.set_attn_implementation(base)
         _CAPTURE.reset(token)

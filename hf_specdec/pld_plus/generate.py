@@ -89,8 +89,8 @@ def pld_plus(
         pld_priors: adaptive mode's prior hit rates of a fresh occurrence and of a running copy, and continuation rate
             (default :data:`DEFAULT_PRIORS`, from the summarize tuning).
         pld_layer: PLD+(h)'s hidden-state index ``l`` (default: :data:`DEFAULT_LAYER_FRACTION` of the depth).
-        pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the default
-            target.
+        pld_heads: PLD+(a)'s heads file (``hf-specdec find-heads``); default: the shipped file of the named
+            target ``model`` is (matched by fingerprint: SmolLM2-135M-Instruct, gemma-3-270m).
         pld_top_heads: how many of the file's top-ranked heads PLD+(a) uses (default :data:`DEFAULT_TOP_HEADS`).
         pld_min_score: no draft when the best occurrence scores below this (cosine for (h), attention for (a));
             default :data:`DEFAULT_MIN_SCORE`, ``-1`` turns it off.

@@ -1,4 +1,4 @@
-"""The heads file of PLD+(a) (pld-plus.txt §4.2.1): write, read and check it; the default target's shipped file.
+"""The heads file of PLD+(a) (pld-plus.txt §4.2.1): write, read and check it; the named targets' shipped files.
 
 JSON (``FORMAT``): the target's fingerprint (``target.target_fingerprint``), the task and counts it was made from,
 and ``heads``: ``[{"layer": l, "head": g, "score": hit_rate}, ...]`` best first. ``layer`` indexes the decoder
@@ -17,6 +17,8 @@ from ..errors import SpecDecError
 FORMAT = "hf_specdec.induction_heads/1"
 RESOURCES = Path(__file__).parent.parent / "resources"
 DEFAULT_HEADS_FILE = RESOURCES / "SmolLM2-135M-Instruct.heads.json"
+# One per named target (``targets.TARGETS``), made by `hf-specdec find-heads --model NAME`; picked by fingerprint.
+SHIPPED_HEADS_SUFFIX = ".heads.json"
 
 _READ_CACHE: dict[tuple, list[tuple[int, int]]] = {}
 
@@ -106,16 +108,19 @@ def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None)
 
 
 def default_heads_file(model) -> Path:
-    """The shipped heads file when ``model`` is the default target; otherwise an error that says what to run."""
+    """The shipped heads file made for ``model`` (a named target: matched by fingerprint); otherwise an error that
+    says what to run."""
     from ..fingerprint import target_fingerprint
 
-    if DEFAULT_HEADS_FILE.is_file():
-        shipped = load_heads_doc(DEFAULT_HEADS_FILE).get("target", {})
-        actual = target_fingerprint(model)
-        keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
-        if all(shipped.get(k) == actual[k] for k in keys):
-            return DEFAULT_HEADS_FILE
+    actual = target_fingerprint(model)
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
+    shipped = sorted(RESOURCES.glob(f"*{SHIPPED_HEADS_SUFFIX}")) if RESOURCES.is_dir() else []
+    for path in shipped:
+        made_for = load_heads_doc(path).get("target", {})
+        if all(made_for.get(k) == actual[k] for k in keys):
+            return path
+    names = ", ".join(p.name[: -len(SHIPPED_HEADS_SUFFIX)] for p in shipped) or "none here"
     raise SpecDecError(
         "PLD+(a) needs the induction heads of this model: run `hf-specdec find-heads --model PATH --out heads.json` "
-        "and pass pld_heads='heads.json' (only the default target's file is shipped)"
+        f"and pass pld_heads='heads.json' (heads files ship for the named targets only: {names})"
     )
