@@ -163,7 +163,9 @@ def test_the_shipped_adapter_is_lossless_and_drafts(real_target):
         ids = tok(load_task(task, tok, 1)[0]["prompt"], return_tensors="pt").input_ids
         kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False)
         stats = DecodeStats()
-        out = model.generate(ids, custom_generate=hf_specdec.space, stats=stats, **kw)
+        # every candidate verified (the paper's rule): the cost rule may verify none on a machine where a wider
+        # forward costs more than the adapter's guesses return, which would say nothing about the weights
+        out = model.generate(ids, custom_generate=hf_specdec.space, stats=stats, space_cost=False, **kw)
         assert torch.equal(out, model.generate(ids, **kw))
         assert stats.accepted > 0 and stats.new_tokens > stats.target_forwards
 
