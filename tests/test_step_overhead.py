@@ -134,3 +134,25 @@ def test_drafter_meter_times_the_drafter_and_restores_it():
     assert "hidden_states" not in d.__dict__ and "draft_logits" not in d.__dict__
     stats = DecodeStats()
     assert stats.host_syncs is None
+
+
+def test_space_greedy_step_reads_the_device_at_most_twice():
+    """SPACE's greedy step (issue #31: <= 2 host syncs per step): the acceptance and the next candidates, one read
+    each; the sequence and the verified chain stay on the host (the step read them back before)."""
+    from hf_specdec.space.decoding import space_generate
+
+    model = tiny_llama()
+    model.config.space_k, model.config.space_mask_token_id = 2, 96
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(2))
+    reference = model.generate(prompt, max_new_tokens=20, do_sample=False)
+    model.generation_config.max_length = prompt.shape[1] + 20
+    stats = DecodeStats()
+    with HostSyncCounter() as syncs, ForwardMeter(model) as meter:
+        meter.syncs = syncs
+        out = space_generate(
+            model, prompt, generation_config=model.generation_config, stats=stats, space_cost=False
+        )
+    assert torch.equal(out, reference) and stats.drafted > 0  # candidates were verified on the way
+    assert syncs.total <= 2 * meter.calls + 3, (
+        syncs.by_kind
+    )  # + set-up: the prompt, EOS ids, stopping criteria

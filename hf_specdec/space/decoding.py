@@ -187,10 +187,11 @@ def space_generate(
 
     cands: list[int] = []  # L_c
     cand_probs: list[torch.Tensor] = []  # P_c as full distributions (sampling only)
+    sequence = input_ids[0].tolist()  # the sequence on the host (read once; then extended by what is emitted)
     finished = False
     while not finished:
         # real tokens not in the cache: the prompt, then the bonus token
-        pending = input_ids[0, past:].tolist()
+        pending = sequence[past:]
         room = max_length - input_ids.shape[1]  # tokens still allowed; the bonus token takes one
         c = max(0, min(len(cands), room - 1))
         ids = build_input(pending, cands[:c], k, mask_id)
@@ -217,9 +218,8 @@ def space_generate(
 
         # Verify c_1..c_c (row (i-1)(k+1) scores c_i), then one token of the model's own: the chain c_1 -> c_2 ...
         # through the tree core's acceptance, with q = P_c when sampling.
-        chain = TokenTree.from_chain(
-            torch.tensor(cands[:c], dtype=torch.long, device=device),
-            torch.stack(cand_probs[:c]) if do_sample and c else None,
+        chain = TokenTree.from_chain(  # from the host list: nothing read back
+            cands[:c], torch.stack(cand_probs[:c]) if do_sample and c else None, device=device
         )
         acc = accept_tree(chain, logits[:: k + 1][: c + 1], input_ids, logits_processor, do_sample, gen)
         tokens, n_acc = acc.tokens, len(acc.nodes)
@@ -245,6 +245,7 @@ def space_generate(
 
         input_ids, finished = stop.append(input_ids, tokens)
         m = input_ids.shape[1] - past - len(pending)  # tokens emitted this step (a stop may cut them)
+        sequence += tokens[:m]
         kept = min(n_acc, m)
         keep = list(range(len(pending))) + [len(pending) - 1 + j * (k + 1) for j in range(1, kept + 1)]
         compact_cache(cache, past, keep)
