@@ -27,14 +27,19 @@ def target_fingerprint(model: PreTrainedModel) -> dict:
     }
 
 
+# What must agree for a recorded fingerprint to name a model (its ``name`` is only a label).
+KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
+
+
+def fingerprint_matches(expected: dict, actual: dict) -> bool:
+    """Whether the recorded fingerprint ``expected`` describes the model whose fingerprint is ``actual``."""
+    return all(expected.get(k) == actual[k] for k in KEYS)
+
+
 def check_fingerprint(expected: dict, model: PreTrainedModel, what: str = "this drafter") -> None:
     """Raise a clear error when ``model`` is not the target ``expected`` describes."""
     actual = target_fingerprint(model)
-    diffs = [
-        k
-        for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
-        if expected.get(k) != actual[k]
-    ]
+    diffs = [k for k in KEYS if expected.get(k) != actual[k]]
     if diffs:
         detail = ", ".join(f"{k}: drafter has {expected.get(k)!r}, target has {actual[k]!r}" for k in diffs)
         raise SpecDecError(

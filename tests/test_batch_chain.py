@@ -216,14 +216,15 @@ CHAT = (
 def test_real_target_batches_equal_each_row_alone(real_target):
     """A batch of three chat prompts of different lengths (fp32): ``assistant_model=`` GLIDE and EDD, ``glide_cape``
     and the EDD PCT tree each give every row its plain greedy output alone."""
-    from hf_specdec.bench.glide_methods import PACKAGED
-    from hf_specdec.edd.checkpoint import PACKAGED as EDD_CHECKPOINT
+    from hf_specdec.shipped import shipped_checkpoint
 
     model, tok = real_target
     glide = GlideForCausalLM.from_pretrained(
-        PACKAGED / "glide-smollm2", target=model, dtype=model.dtype
+        shipped_checkpoint("glide", model), target=model, dtype=model.dtype
     ).eval()
-    edd = EddForCausalLM.from_pretrained(EDD_CHECKPOINT, target=model, dtype=model.dtype).eval()
+    edd = EddForCausalLM.from_pretrained(
+        shipped_checkpoint("edd", model), target=model, dtype=model.dtype
+    ).eval()
     prompts = [
         tok.apply_chat_template(
             [{"role": "user", "content": text}],

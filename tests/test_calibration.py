@@ -103,10 +103,10 @@ def test_calibrate_command_on_the_shipped_edd(tmp_path, capsys):
     from hf_specdec.modeling.edd import EddConfig
 
     from hf_specdec.cli import main
-    from hf_specdec.edd.checkpoint import find_edd_checkpoint
+    from hf_specdec.shipped import RESOURCES
 
     folder = tmp_path / "edd"
-    shutil.copytree(find_edd_checkpoint(None), folder)
+    shutil.copytree(RESOURCES / "edd-smollm2", folder)
     before = json.loads((folder / "config.json").read_text())
     readme = (folder / "README.md").read_text()
     for _ in range(2):  # a second run replaces the first one's record

@@ -92,3 +92,55 @@ def test_the_shipped_drafters_are_saved_under_the_namespaced_types(folder, kind)
     )
     config = AutoConfig.from_pretrained(str(path))
     assert type(config) is {"hf_specdec_edd": EddConfig, "hf_specdec_glide": GlideConfig}[kind]
+
+
+# ------------------------------------------------------------------ shipped checkpoints, found by target (shipped.py)
+def test_a_method_given_no_checkpoint_takes_the_one_made_for_its_target(tmp_path, monkeypatch):
+    """A checkpoint folder counts for a target only when the fingerprint it records is that target's: a drafter of
+    another target is never picked (it would fail later, on the wrong question); an option without a checkpoint
+    and a target with none shipped are clear errors naming what to do."""
+    from hf_specdec import shipped
+    from hf_specdec.bench.glide_methods import find_checkpoint
+    from hf_specdec.edd.checkpoint import find_edd_checkpoint
+    from hf_specdec.fingerprint import target_fingerprint
+
+    mine, other = tiny_llama(num_hidden_layers=4), tiny_llama(num_hidden_layers=4, seed=1)
+    resources = tmp_path / "resources"
+    for name, target in (("edd-mine", mine), ("edd-other", other)):
+        EddForCausalLM(EddConfig.for_target(target)).save_pretrained(resources / name)
+    GlideForCausalLM(GlideConfig.for_target(other)).save_pretrained(resources / "glide-other")
+    (resources / "space-mine").mkdir()
+    (resources / "space-mine" / "space_training.json").write_text(
+        json.dumps({"target_info": target_fingerprint(mine)})
+    )
+    monkeypatch.setattr(shipped, "RESOURCES", resources)
+    monkeypatch.chdir(tmp_path)  # no runs/ here
+
+    assert shipped.shipped_checkpoint("edd", mine) == resources / "edd-mine"
+    assert shipped.shipped_checkpoint("edd", other) == resources / "edd-other"
+    assert shipped.shipped_checkpoint("space", mine) == resources / "space-mine"
+    assert (
+        shipped.shipped_checkpoint("space", other) is None
+        and shipped.shipped_checkpoint("glide", mine) is None
+    )
+    assert find_edd_checkpoint(None, mine) == resources / "edd-mine"
+    assert find_checkpoint("glide", None, other) == resources / "glide-other"
+    with pytest.raises(
+        SpecDecError, match=r"no glide drafter for this target .*train one with .*--option glide="
+    ):
+        find_checkpoint("glide", None, mine)
+    with pytest.raises(SpecDecError, match="no EDD checkpoint at nowhere"):
+        find_edd_checkpoint("nowhere", mine)
+    # a trained drafter in the docs' place wins over the shipped one, for its own target only
+    EddForCausalLM(EddConfig.for_target(mine)).save_pretrained(tmp_path / "runs" / "edd-smollm2")
+    assert find_edd_checkpoint(None, mine) == shipped.Path("runs/edd-smollm2")
+    assert find_edd_checkpoint(None, other) == resources / "edd-other"
+
+
+@pytest.mark.real
+def test_the_default_target_finds_its_shipped_checkpoints(real_target):
+    from hf_specdec.shipped import RESOURCES, shipped_checkpoint
+
+    model, _ = real_target
+    for kind in ("glide", "vanilla", "edd", "space"):
+        assert shipped_checkpoint(kind, model) == RESOURCES / f"{kind}-smollm2"

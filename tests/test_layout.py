@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hf_specdec.checkpoint_errors",
             "hf_specdec.target",
             "hf_specdec.targets",
+            "hf_specdec.shipped",
             "hf_specdec.tasks",
             "hf_specdec.options",
             "hf_specdec.custom_generate_card",

@@ -20,10 +20,10 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_specdec.errors import SpecDecError
-from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
+from hf_specdec.targets import DEFAULT, TARGETS, named_target
 from hf_specdec.tasks import SHAREGPT_HUB_ID
 
-HUB_IDS = {DEFAULT_TARGET_NAME: DEFAULT_TARGET_HUB_ID}
+HUB_IDS = {target.name: target.hub_id for target in TARGETS}
 METHOD_TAGS = {"glide": ["glide", "cape"], "edd": ["edd", "pct"]}
 NOT_METRICS = {
     "epoch",
@@ -41,24 +41,34 @@ def base_model_id(target: dict) -> str | None:
     return target.get("hub_id") or HUB_IDS.get(target.get("name", ""))
 
 
-def usage_snippet(kind: str, folder: str | Path) -> list[str]:
-    """A fenced python block that runs as written from where ``folder`` is reachable: load the default target, the
-    drafter through ``AutoModelForCausalLM``, and generate greedily with it (and with PCT trees for EDD)."""
+def usage_snippet(kind: str, folder: str | Path, target_name: str | None = None) -> list[str]:
+    """A fenced python block that runs as written from where ``folder`` is reachable: load the target (the default
+    one, or the named target ``target_name``), the drafter through ``AutoModelForCausalLM``, and generate greedily
+    with it (and with PCT trees for EDD)."""
     if kind not in METHOD_TAGS:
         raise SpecDecError(f"no usage snippet for drafter kind {kind!r}; known: {', '.join(METHOD_TAGS)}")
     edd = kind == "edd"
+    named = named_target(target_name) if target_name else None
+    if named is None or named is DEFAULT:  # a chat model
+        load = ['target, tokenizer = hf_specdec.load_default_target("fp32")']
+        prompt = [
+            'messages = [{"role": "user", "content": "Name three uses of a hash map."}]',
+            "inputs = tokenizer.apply_chat_template(",
+            '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
+            ")",
+        ]
+    else:  # a named target by its name; a pretrained one has no chat template
+        load = [f'target, tokenizer = hf_specdec.load_target("{named.name}", "fp32")']
+        prompt = ['inputs = tokenizer("Three uses of a hash map are", return_tensors="pt")']
     lines = [
         "```python",
         "import hf_specdec  # registers the drafters with transformers' Auto classes",
         "from transformers import AutoModelForCausalLM",
         *(["from hf_specdec.edd import EddTreeProposer"] if edd else []),
         "",
-        'target, tokenizer = hf_specdec.load_default_target("fp32")',
+        *load,
         f'drafter = AutoModelForCausalLM.from_pretrained("{folder}", target=target)',
-        'messages = [{"role": "user", "content": "Name three uses of a hash map."}]',
-        "inputs = tokenizer.apply_chat_template(",
-        '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
-        ")",
+        *prompt,
         "out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=24, do_sample=False)  # chain drafts",
     ]
     if edd:
@@ -128,7 +138,7 @@ def refresh_card(folder: str | Path, kind: str, snippet_folder: str | Path | Non
     end = body.find("```", start + 3) if start >= 0 else -1
     if end < 0:
         raise SpecDecError(f"{readme} has no ```python usage block to refresh")
-    snippet = "\n".join(usage_snippet(kind, snippet_folder or folder))
+    snippet = "\n".join(usage_snippet(kind, snippet_folder or folder, info["target"].get("name")))
     body = body[:start] + snippet + body[end + 3 :]
     title = body.lstrip().splitlines()[0].lstrip("# ").strip()
     card = ModelCard(f"---\n{drafter_card_data(info, kind, title).to_yaml()}\n---\n{body.lstrip()}")

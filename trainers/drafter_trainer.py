@@ -99,13 +99,11 @@ class DrafterTrainer(Trainer):
                 out = self.target.base_model(input_ids=input_ids, **(fwd or {}))
                 target_hidden = out.last_hidden_state
             if fwd is not None and stored is None:
-                # a control pass over context_ids gets a cache of its own (target_forward_kwargs makes a new one)
-                read = (
-                    out
-                    if context_ids is None
-                    else self.target.base_model(input_ids=context_ids, **drafter.target_forward_kwargs())
-                )
-                context = drafter.target_context(read, input_ids)
+                if (
+                    context_ids is not None
+                ):  # a pass of its own (target_forward_kwargs: a new cache each call)
+                    out = self.target.base_model(input_ids=context_ids, **drafter.target_forward_kwargs())
+                context = drafter.target_context(out, input_ids)
         # through the model's forward, so that a DDP wrapper (torchrun / accelerate launch) syncs the gradients
         hidden = model(input_ids=input_ids, return_hidden_states=True, **context)
         select = labels[:, 1:] != IGNORE_INDEX  # position j predicts token j + 1

@@ -104,7 +104,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "decoder layer of the target's architecture reading the target's hidden states as a soft prompt. Embedding "
         "and LM head are the target's and are not stored here. Use with",
         "",
-        *usage_snippet("edd", out_dir),
+        *usage_snippet("edd", out_dir, info["target"].get("name")),
     ]
     fields = [
         ("architecture", "architecture"),

@@ -101,7 +101,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "A draft model for lossless speculative decoding with `hf_specdec` (glide-cape.txt §4.1). Embedding and LM "
         "head are the target's and are not stored here; load with",
         "",
-        *usage_snippet("glide", out_dir),
+        *usage_snippet("glide", out_dir, info["target"].get("name")),
     ]
     fields = [
         ("architecture", "architecture"),

@@ -9,7 +9,7 @@
 
 Trees run in the tree core's ``tree_generate`` and report their own ``DecodeStats`` (nodes per step in
 ``steps``). Checkpoint: ``--option edd=PATH``, else ``runs/edd-smollm2`` (what ``hf-specdec train edd`` writes in
-docs/edd-pct.md), else the one shipped in ``hf_specdec/resources/edd-smollm2``. Table 3's ablations are
+docs/edd-pct.md) when made for the target, else the one shipped for the target (``edd/checkpoint.py``). Table 3's ablations are
 checkpoints trained with ``--no-soft-prompt`` / ``--loss ce`` / ``--block-min 5 --block-max 5`` benched with
 ``--option edd=PATH``. Other options: ``gamma`` (chain length), ``chain_cost=0`` (the chain always drafts gamma
 tokens, as the paper; default 1: it stops at a token that does not pay its cost, ``core/draft_budget.ChainSizer``),
@@ -30,7 +30,7 @@ def load_edd(ctx):
     """One EDD per (checkpoint, target) for all the EDD methods of a bench run."""
     from hf_specdec.modeling import EddForCausalLM
 
-    path = find_edd_checkpoint(ctx.options.get("edd"))
+    path = find_edd_checkpoint(ctx.options.get("edd"), ctx.model)
     key = (str(path.resolve()), id(ctx.model))
     if key not in _LOADED:
         _LOADED[key] = EddForCausalLM.from_pretrained(path, target=ctx.model, dtype=ctx.model.dtype).eval()

@@ -2,8 +2,8 @@
 GLIDE drafter (glide-cape.txt §4.1) or the vanilla drafter (same architecture without cross-attention, §5.2).
 
 Checkpoints come from ``--option glide=PATH`` / ``--option vanilla=PATH``; by default ``runs/glide-smollm2`` and
-``runs/vanilla-smollm2`` (what ``hf-specdec train glide`` writes in the docs' recipe), then the GLIDE checkpoint
-shipped in the package (``hf_specdec/resources/glide-smollm2``). ``--option gamma=N`` sets the number of draft
+``runs/vanilla-smollm2`` (what ``hf-specdec train glide`` writes in the docs' recipe) when made for the bench's
+target, then the one shipped in the package for that target (``hf_specdec/shipped.py``: ``resources/glide-*``). ``--option gamma=N`` sets the number of draft
 tokens per round (default 5), ``chain_cost=0`` drafts all of them (default 1: the chain stops at a token that does
 not pay its cost on this machine, ``core/draft_budget.ChainSizer``). Stats are inferred from the target's forwards (``stats.ForwardMeter``). At
 ``--batch-size B > 1`` both take the batch in one ``generate(assistant_model=drafter)`` call (each row drafts its
@@ -22,25 +22,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..shipped import made_for, shipped_checkpoint, shipped_targets
 from .methods import GenerateCallMethod, batched_assisted, register
 
-PACKAGED = Path(__file__).resolve().parent.parent / "resources"
-DEFAULTS = {
-    "glide": [Path("runs/glide-smollm2"), PACKAGED / "glide-smollm2"],
-    "vanilla": [Path("runs/vanilla-smollm2"), PACKAGED / "vanilla-smollm2"],
-}
+TRAINED = {"glide": Path("runs/glide-smollm2"), "vanilla": Path("runs/vanilla-smollm2")}  # the docs' recipe
 
 
-def find_checkpoint(kind: str, option: str | None) -> Path:
-    """The drafter folder for ``kind`` ('glide' or 'vanilla'): the option if given, else the first default."""
-    candidates = [Path(option)] if option else DEFAULTS[kind]
-    for path in candidates:
-        if (path / "config.json").is_file():
-            return path
+def find_checkpoint(kind: str, option: str | None, model) -> Path:
+    """The drafter folder for ``kind`` ('glide' or 'vanilla') on the target ``model``: the option if given, else
+    :data:`TRAINED` when made for ``model``, else the one shipped for ``model``."""
+    if option:
+        if not (Path(option) / "config.json").is_file():
+            raise SpecDecError(f"--option {kind}={option}: no drafter checkpoint there (no config.json)")
+        return Path(option)
+    trained = TRAINED[kind]
+    if (trained / "config.json").is_file() and made_for(kind, trained, model):
+        return trained
+    shipped = shipped_checkpoint(kind, model)
+    if shipped is not None:
+        return shipped
     raise SpecDecError(
-        f"no {kind} drafter checkpoint at {', '.join(map(str, candidates))}: train one with "
-        f"`hf-specdec train glide {'--no-cross-attention ' if kind == 'vanilla' else ''}--output-dir "
-        f"{DEFAULTS[kind][0]}` or pass --option {kind}=PATH"
+        f"no {kind} drafter for this target (one ships for: {', '.join(shipped_targets(kind)) or 'none'}): train "
+        f"one with `hf-specdec train glide --target MODEL {'--no-cross-attention ' if kind == 'vanilla' else ''}"
+        f"--output-dir DIR` and pass --option {kind}=DIR"
     )
 
 
@@ -51,7 +55,7 @@ class _DrafterMethod(GenerateCallMethod):
         super().setup(ctx)
         from hf_specdec.modeling import GlideForCausalLM
 
-        path = find_checkpoint(self.kind, ctx.options.get(self.kind))
+        path = find_checkpoint(self.kind, ctx.options.get(self.kind), ctx.model)
         self.drafter = GlideForCausalLM.from_pretrained(path, target=ctx.model, dtype=ctx.model.dtype).eval()
         if "gamma" in ctx.options:
             self.drafter.generation_config.num_assistant_tokens = int(ctx.options["gamma"])

@@ -7,11 +7,13 @@ Which weights ``space`` decodes:
 
       hf-specdec bench --model runs/space-sar/final --methods ar,space ...
 
-- no ``--model``: the shipped SAR-SFT model (``hf_specdec/resources/space-smollm2`` merged into the default target),
-  while every other method, ``ar`` included, runs the plain default target; so ``ar,glide-cape,edd-pct,space`` runs
-  in one bench, each method on the weights it was made for.
-- ``--option space_model=PATH``: that SAR-SFT checkpoint, when ``--model`` (or the default target) is not one.
-- ``--model`` given, not a SAR-SFT model, no ``space_model``: refused at set-up (``space`` cannot decode it).
+- ``--model`` not a SAR-SFT model (the default target, a named target...): the SAR-SFT adapter shipped for that
+  target (``hf_specdec/shipped.py``: ``resources/space-*``) merged into it, while every other method, ``ar``
+  included, runs the plain target; so ``ar,glide-cape,edd-pct,space`` runs in one bench, each method on the
+  weights it was made for.
+- ``--option space_model=PATH``: that SAR-SFT checkpoint (a merged model, or an adapter, merged into ``--model``),
+  when ``--model`` is not one.
+- ``--model`` not a SAR-SFT model, no ``space_model`` and no adapter shipped for it: refused at set-up.
 
 When ``space`` decodes a model of its own, its lossless column is against plain greedy ``generate`` of that model
 (run by the bench, untimed) and its speedup is over ``ar`` on the bench's target (``bench/own_models.py``); the
@@ -28,7 +30,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecDecError
-from ..space.adapter import SHIPPED_ADAPTER, is_space_adapter, load_model
+from ..shipped import shipped_checkpoint, shipped_targets
+from ..space.adapter import is_space_adapter, load_model
 from .methods import BenchContext, Method, greedy_with_stats, register
 
 logger = logging.getLogger(__name__)
@@ -48,25 +51,25 @@ class Space(Method):
         self.model_source = None  # the SAR-SFT checkpoint it loaded when the target is not one
         if getattr(ctx.model.config, "space_mask_token_id", None) is None:
             option = ctx.options.get("space_model")
-            if option is None and ctx.model_name is not None:
+            path = Path(option) if option is not None else shipped_checkpoint("space", ctx.model)
+            if path is None:
                 raise SpecDecError(
-                    f"--model {ctx.model_name} is not a SAR-SFT model (its config has no space_mask_token_id), so "
+                    f"--model {ctx.model_name} is not a SAR-SFT model (its config has no space_mask_token_id) and "
+                    f"no SAR-SFT adapter ships for it (one ships for: {', '.join(shipped_targets('space'))}), so "
                     "space cannot decode it; bench space with --model <a SAR-SFT checkpoint> (hf-specdec train "
-                    "space writes OUTPUT/final and OUTPUT/adapter), pass --option space_model=PATH, or omit --model"
+                    "space writes OUTPUT/final and OUTPUT/adapter) or pass --option space_model=PATH"
                 )
-            path = Path(option or SHIPPED_ADAPTER)
             if not ((path / "config.json").is_file() or is_space_adapter(path)):
-                what = f"--option space_model={path}" if option else f"the shipped SAR-SFT adapter {path}"
                 raise SpecDecError(
-                    f"{what} holds no SAR-SFT model; train one with `hf-specdec train space --output-dir DIR` "
-                    "and pass --option space_model=DIR/final (or DIR/adapter)"
+                    f"--option space_model={path} holds no SAR-SFT model; train one with `hf-specdec train space "
+                    "--output-dir DIR` and pass --option space_model=DIR/final (or DIR/adapter)"
                 )
             logger.info(
                 "bench method space decodes %s, judged against plain generate of that model; the other methods "
                 "run the target, and space's speedup is over `ar` on it",
                 path,
             )
-            self.model, _ = load_model(str(path), ctx.dtype)
+            self.model, _ = load_model(str(path), ctx.dtype, base=ctx.model_name)
             self.model.to(ctx.model.device)
             self.model_source = str(path)
         from ..space import space_generate

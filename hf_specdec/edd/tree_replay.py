@@ -156,7 +156,7 @@ def run(args) -> int:
     for task in tasks:
         load_task(task, None, args.limit)
     model, tokenizer = load_target(args.model, "fp32", gguf_file=args.gguf_file)
-    edd = EddForCausalLM.from_pretrained(find_edd_checkpoint(args.drafter), target=model).eval()
+    edd = EddForCausalLM.from_pretrained(find_edd_checkpoint(args.drafter, model), target=model).eval()
     data = {t: load_task(t, tokenizer, args.limit) for t in tasks}
     proposers = {name: EddTreeProposer(edd, name.split()[0], **kw) for name, kw in builders}
     ratio = args.ratio

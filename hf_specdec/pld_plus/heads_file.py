@@ -110,14 +110,12 @@ def read_heads_file(path: str | os.PathLike, model=None, top: int | None = None)
 def default_heads_file(model) -> Path:
     """The shipped heads file made for ``model`` (a named target: matched by fingerprint); otherwise an error that
     says what to run."""
-    from ..fingerprint import target_fingerprint
+    from ..fingerprint import fingerprint_matches, target_fingerprint
 
     actual = target_fingerprint(model)
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "embedding_sha1")
     shipped = sorted(RESOURCES.glob(f"*{SHIPPED_HEADS_SUFFIX}")) if RESOURCES.is_dir() else []
     for path in shipped:
-        made_for = load_heads_doc(path).get("target", {})
-        if all(made_for.get(k) == actual[k] for k in keys):
+        if fingerprint_matches(load_heads_doc(path).get("target", {}), actual):
             return path
     names = ", ".join(p.name[: -len(SHIPPED_HEADS_SUFFIX)] for p in shipped) or "none here"
     raise SpecDecError(

@@ -74,9 +74,9 @@ def load_space_model(dtype="auto", adapter=None, base=None):
     return model, tokenizer
 
 
-def load_model(model=None, dtype="fp32", gguf_file=None):
-    """``--model`` as the bench and demo load it: a SAR-SFT adapter folder through :func:`load_space_model` (onto the
-    default target), anything else through ``load_target``."""
+def load_model(model=None, dtype="fp32", gguf_file=None, base=None):
+    """``--model`` as the bench and demo load it: a SAR-SFT adapter folder through :func:`load_space_model` (onto
+    ``base``, default the default target), anything else through ``load_target``."""
     if model is not None and gguf_file is None and is_space_adapter(model):
-        return load_space_model(dtype, adapter=model)
+        return load_space_model(dtype, adapter=model, base=base)
     return load_target(model, dtype, gguf_file=gguf_file)
