@@ -246,7 +246,10 @@ def test_an_explicit_model_that_cannot_serve_a_method_fails_at_setup(tiny_byte_p
         ["bench", "--model", str(plain), "--methods", "ar,space", "--limit", "1", "--out", str(tmp_path)]
     )
     assert rc == 2
-    with pytest.raises(SpecDecError, match="is not a SAR-SFT model .*omit --model"):
+    with pytest.raises(
+        SpecDecError,
+        match=r"is not a SAR-SFT model .*hf-specdec train space .*--option space_model=DIR/final",
+    ):
         run_bench(["ar", "space"], ["mt-bench"], limit=1, model=str(plain), out=tmp_path)
     assert not (tmp_path / "results.json").exists()
 

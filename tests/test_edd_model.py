@@ -309,11 +309,13 @@ def test_shipped_checkpoint_loads_with_auto_class_and_is_lossless(real_target):
     from transformers import AutoModelForCausalLM
 
     from hf_specdec.core.tree_decoding import tree_generate
-    from hf_specdec.edd.checkpoint import PACKAGED
     from hf_specdec.edd.tree_proposer import EddTreeProposer
+    from hf_specdec.shipped import shipped_checkpoint
 
     target, tok = real_target
-    edd = AutoModelForCausalLM.from_pretrained(PACKAGED).eval()
+    packaged = shipped_checkpoint("edd", target)
+    assert packaged is not None and packaged.name == "edd-smollm2"
+    edd = AutoModelForCausalLM.from_pretrained(packaged).eval()
     assert isinstance(edd, EddForCausalLM) and edd.config.draft_vocab_size == len(edd.draft_vocab_ids) == 8192
     edd.attach_target(target)
     ids = tok("def fibonacci(n):\n    ", return_tensors="pt").input_ids

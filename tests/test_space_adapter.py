@@ -138,7 +138,10 @@ def test_bench_space_decodes_a_sar_sft_model_of_its_own_unless_the_target_is_one
         own = OwnModels(runners, plain, ctx)
         assert "space" in own and "ar" not in own and own.sources == {"space": str(tmp_path / "merged")}
 
-    with pytest.raises(SpecDecError, match=r"^--model .*base is not a SAR-SFT model .* omit --model$") as err:
+    with pytest.raises(
+        SpecDecError,
+        match=r"^--model .*base is not a SAR-SFT model .*--option space_model=DIR/final \(or --model DIR/final\)$",
+    ) as err:
         setup_runners(
             ["ar", "space"], [AutoRegressive, space], BenchContext(plain, tok, "fp32", model_name=str(base))
         )

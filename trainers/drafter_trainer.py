@@ -99,9 +99,7 @@ class DrafterTrainer(Trainer):
                 out = self.target.base_model(input_ids=input_ids, **(fwd or {}))
                 target_hidden = out.last_hidden_state
             if fwd is not None and stored is None:
-                if (
-                    context_ids is not None
-                ):  # a pass of its own (target_forward_kwargs: a new cache each call)
+                if context_ids is not None:  # a control pass of its own (a new cache each call)
                     out = self.target.base_model(input_ids=context_ids, **drafter.target_forward_kwargs())
                 context = drafter.target_context(out, input_ids)
         # through the model's forward, so that a DDP wrapper (torchrun / accelerate launch) syncs the gradients

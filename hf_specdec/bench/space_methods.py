@@ -56,8 +56,8 @@ class Space(Method):
                 raise SpecDecError(
                     f"--model {ctx.model_name} is not a SAR-SFT model (its config has no space_mask_token_id) and "
                     f"no SAR-SFT adapter ships for it (one ships for: {', '.join(shipped_targets('space'))}), so "
-                    "space cannot decode it; bench space with --model <a SAR-SFT checkpoint> (hf-specdec train "
-                    "space writes OUTPUT/final and OUTPUT/adapter) or pass --option space_model=PATH"
+                    "space cannot decode it; train one with `hf-specdec train space --model MODEL --output-dir DIR` "
+                    "and pass --option space_model=DIR/final (or --model DIR/final)"
                 )
             if not ((path / "config.json").is_file() or is_space_adapter(path)):
                 raise SpecDecError(
