@@ -126,13 +126,21 @@ def _humaneval_problems() -> tuple[dict, ...]:
 
 
 # --------------------------------------------------------------------------------------------- prompts
+def render_plain(messages: list[dict], generation_prompt: bool = False) -> str:
+    """A conversation as ``role: text`` lines, for a model without a chat template (a pretrained base model such as
+    Gemma-3-270M). Training data, the regenerated corpus and the bench's prompts all use this one rendering, so a
+    drafter trained for such a target sees at decoding time the format it was trained on."""
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return text + "assistant: " if generation_prompt else text
+
+
 def format_prompt(tokenizer, user_text: str) -> str:
-    """Apply the tokenizer's chat template to one user message (plain text if it has none)."""
+    """Apply the tokenizer's chat template to one user message (:func:`render_plain` if it has none: a bare text
+    ending in a closed code block makes a base model end at once)."""
+    messages = [{"role": "user", "content": user_text}]
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
-        )
-    return user_text + "\n"
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return render_plain(messages, generation_prompt=True)
 
 
 def _mt_bench() -> list[dict]:

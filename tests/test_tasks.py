@@ -42,8 +42,14 @@ def test_known_contents():
 
 
 def test_limit_and_plain_prompt_without_template():
+    """Without a chat template the prompt is the ``role: text`` rendering drafters are trained on (trainers/data.py),
+    up to where the answer starts (a bare text ending in a closed code block made a base model stop at once)."""
+    from trainers.data import _render
+
     ds = load_task("mt-bench", None, limit=3)
-    assert len(ds) == 3 and ds[0]["prompt"] == ds[0]["source"] + "\n"
+    assert len(ds) == 3 and ds[0]["prompt"] == f"user: {ds[0]['source']}\nassistant: "
+    answered = _render(None, [{"role": "user", "content": ds[0]["source"]}, {"role": "assistant", "content": "Hi"}])
+    assert answered == ds[0]["prompt"] + "Hi\n"
 
 
 def test_bad_input_errors(monkeypatch):

@@ -16,7 +16,7 @@ import torch
 from datasets import Dataset
 
 from hf_specdec.errors import SpecDecError
-from hf_specdec.tasks import sharegpt_conversations
+from hf_specdec.tasks import render_plain, sharegpt_conversations
 
 IGNORE_INDEX = -100
 
@@ -24,7 +24,7 @@ IGNORE_INDEX = -100
 def _render(tokenizer, messages: list[dict]) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False)
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return render_plain(messages)
 
 
 def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None) -> dict:

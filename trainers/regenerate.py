@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.errors import SpecDecError
+from hf_specdec.tasks import render_plain
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
 from .regenerate_dataset import finalize
@@ -102,7 +103,7 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        text = render_plain(messages, generation_prompt=True)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
