@@ -199,6 +199,30 @@ def test_adaptive_draft_length_follows_cost_and_acceptance():
     lengths.update(None, drafted=0, accepted=0)
 
 
+def test_a_skipped_copy_is_scored_so_a_sunk_hit_rate_can_rise():
+    """Where verification is dear and the hit rate starts (or sank) low, the cost rule drafts nothing; the copy it
+    skipped is still scored against the token the target emitted, so on text that repeats drafting comes back (it
+    never did: no draft, no evidence; Gemma-3-270M's PLD+(h) drafted 9 tokens per prompt on mt-bench and stopped)."""
+    from hf_specdec.core.verify_cost import CostCurve
+
+    gen = PLDPlusCandidateGenerator(
+        "hidden", 8, 200, hidden_size=8, layer=0, cost=CostCurve.linear(0.15), priors=(0.05, 0.9, 0.85)
+    )
+    ids = torch.tensor([3] + [4, 5, 6, 7] * 2)  # a cycle: every copy's first token is the target's next token
+    states = torch.randn(len(ids) - 1, 8)
+    drafted_at = None
+    for step in range(12):
+        out = gen.get_candidates(ids[None], model_outputs=SimpleNamespace(hidden_states=(states[None],)))[0]
+        if out.shape[1] > len(ids):
+            drafted_at = step
+            break
+        gen.update_candidate_strategy(ids[None], None, 0)
+        ids = torch.cat([ids, ids[-4:-3]])  # the target's token: the cycle's next
+        states = torch.randn(1, 8)  # the one new verified position
+    assert drafted_at is not None and drafted_at > 0, drafted_at  # skipped first, drafted again after hits
+    assert gen.lengths.acceptance("fresh") > 0.15
+
+
 def test_draft_and_bonus_token_fit_max_length():
     ids = torch.tensor([3, 7, 4, 5, 6, 8, 9, 1, 7])  # 9 tokens
     assert _fake_step(_hidden_gen(k=5, max_length=13), ids) == [4, 5, 6]  # 9 + 3 drafted + 1 bonus = 13

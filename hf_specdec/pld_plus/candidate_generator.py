@@ -80,6 +80,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self.variant = variant
         self.num_draft_tokens = num_draft_tokens
         self.lengths = DraftLength(num_draft_tokens, cost, *priors)
+        self._skipped: tuple[int, int, str] | None = (
+            None  # (output position, source position, kind) of a skipped copy
+        )
         self.max_length = max_length
         self.layer = layer
         self.heads = heads or {}
@@ -160,15 +163,22 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         n = input_ids.shape[1]
         self._absorb(model_outputs, n)
         self.steps += 1
+        ids = input_ids[0]
+        if (
+            self._skipped is not None
+        ):  # the copy the last step did not draft, scored against the target's token
+            at, source, kind = self._skipped
+            self.lengths.observe(kind, bool(ids[at] == ids[source]))
+            self._skipped = None
         budget = self.max_length - n - 1  # the draft and the bonus token must fit
         if budget < 1:
             return input_ids, None
-        ids = input_ids[0]
         j, score = self._rank(ids)
         if j is None or (self.min_score is not None and score < self.min_score):
             return input_ids, None
         k = self.lengths.for_source(j, budget)
         if k < 1:
+            self._skipped = (n, j + 1, self.lengths._last)
             return input_ids, None
         draft = ids[j + 1 : min(j + 1 + k, n)]
         if self.eos_token_id is not None:

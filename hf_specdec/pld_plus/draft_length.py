@@ -66,6 +66,13 @@ class DraftLength:
         h, a = self.acceptance(self._last), min(self.acceptance("continue"), 0.999)
         return 1.0 + h * (1.0 - a**k) / (1.0 - a)
 
+    def observe(self, kind: str, hit: bool) -> None:
+        """A first token the cost rule did not draft, scored against the token the target then emitted (a free
+        observation of ``h``; the target's token equals the copied one exactly when a one-token draft of it would
+        have been accepted, and under sampling as often as it would be). Without it a hit rate that sank early
+        (a few unlucky drafts where verification is dear) could never rise again: no draft, no evidence."""
+        self._counts[kind][0 if hit else 1] += 1
+
     def update(self, source_start: int | None, drafted: int, accepted: int) -> None:
         """After verification: ``accepted`` of the ``drafted`` tokens copied from ``source_start`` were kept."""
         if source_start is None or drafted == 0:
