@@ -253,3 +253,12 @@ def test_validation_holds_the_asked_supervised_tokens():
     assert len(validation_blocks(blocks, 10, 8)) == 4  # 4 x 3 = 12 >= 10 supervised tokens
     assert asked[0] == ("validation", 3)  # first guess 2 x 10 / 8 blocks, then doubled until enough
     assert len(validation_blocks(blocks, 1000, 8)) == 10  # fewer in the split: all of it
+
+
+def test_kl_of_a_batch_without_supervised_positions_is_a_zero_loss():
+    """A batch whose blocks hold no assistant token (a long prompt) adds nothing under loss 'kl' (it stopped the run:
+    "needs the target's distribution"); a batch with no teacher at all still has no KL."""
+    logits = torch.zeros(0, 8, requires_grad=True)
+    kl = DrafterTrainer._kl(None, {"logits": logits, "target_logits": torch.zeros(0, 8), "n": 0})
+    assert kl is not None and float(kl) == 0.0 and kl.requires_grad
+    assert DrafterTrainer._kl(None, {"logits": logits, "n": 0}) is None

@@ -105,8 +105,12 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
         print(
             f"model card: target {info['target'].get('name')!r} has no known Hub id, so no base_model is set"
         )
+    regenerated = str(info.get("data", "")).startswith("regenerated")
     results = _results(
-        info.get("validation", {}), "sharegpt", "ShareGPT (held-out validation blocks)", "validation"
+        info.get("validation", {}),
+        "sharegpt-regenerated" if regenerated else "sharegpt",
+        f"{'ShareGPT prompts answered by the target' if regenerated else 'ShareGPT'} (held-out validation blocks)",
+        "validation",
     )
     method_tags = METHOD_TAGS[kind]
     if kind == "glide" and info.get("cross_attention") is False:  # the paper's ablation drafter (§5.2)

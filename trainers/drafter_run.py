@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -134,6 +135,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
 
     from hf_specdec.target import load_target
 
+    from .corpus import corpus_source
     from .data import install_draft_vocab
     from .drafter_trainer import DrafterTrainer, write_training_curve
     from .run_options import unrolled_options
@@ -198,8 +200,9 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         **recipe.extra_info(drafter),
         "architecture": recipe.architecture(args, drafter, coverage),
         "data": (
-            f"ShareGPT (train split, packed {args.block_size}-token blocks, assistant tokens supervised"
-            + (", pre-tokenized corpus" if args.corpus else "")
+            f"{corpus_source(args.corpus) if args.corpus else 'ShareGPT'} (train split, packed {args.block_size}-token "
+            "blocks, assistant tokens supervised"
+            + (f", corpus {Path(args.corpus).name}" if args.corpus else "")
             + (f", feature store of {len(store)} blocks, teacher top-{store.meta['top_k']}" if store else "")
             + ")"
         ),

@@ -138,8 +138,8 @@ class DrafterTrainer(Trainer):
         ``teacher_top_k``), else against its whole distribution; None without a teacher."""
         if "teacher" in r:
             return top_k_kl_loss(r["logits"], *r["teacher"])
-        if "target_logits" in r and r["n"]:
-            return kl_loss(r["logits"], r["target_logits"])
+        if "target_logits" in r:  # a batch without a supervised position (a long prompt) adds nothing
+            return kl_loss(r["logits"], r["target_logits"]) if r["n"] else r["logits"].sum() * 0.0
         return None
 
     def _step_loss(self, r: dict, num_items_in_batch) -> torch.Tensor:
