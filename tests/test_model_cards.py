@@ -22,9 +22,24 @@ SHIPPED = {
     "glide": ROOT / "hf_specdec/resources/glide-smollm2",
     "edd": ROOT / "hf_specdec/resources/edd-smollm2",
     "vanilla": ROOT / "hf_specdec/resources/vanilla-smollm2",  # GLIDE without cross-attention (§5.2 ablation)
+    "glide-gemma3": ROOT / "hf_specdec/resources/glide-gemma3",  # the named target gemma-3-270m's
+    "edd-gemma3": ROOT / "hf_specdec/resources/edd-gemma3",
 }
-DRAFTER_KIND = {"glide": "glide", "edd": "edd", "vanilla": "glide"}
-TAG = {"glide": "glide", "edd": "edd", "vanilla": "vanilla-draft"}
+DRAFTER_KIND = {
+    "glide": "glide",
+    "edd": "edd",
+    "vanilla": "glide",
+    "glide-gemma3": "glide",
+    "edd-gemma3": "edd",
+}
+TAG = {
+    "glide": "glide",
+    "edd": "edd",
+    "vanilla": "vanilla-draft",
+    "glide-gemma3": "glide",
+    "edd-gemma3": "edd",
+}
+HUB_ID = {"SmolLM2-135M-Instruct": DEFAULT_TARGET_HUB_ID, "gemma-3-270m": "google/gemma-3-270m"}
 
 
 def snippet(readme: Path) -> str:
@@ -37,7 +52,7 @@ def test_shipped_card_metadata(kind, tmp_path):
     folder = SHIPPED[kind]
     data = ModelCard.load(folder / "README.md").data
     info = json.loads((folder / "model_card.json").read_text())
-    assert data.base_model == DEFAULT_TARGET_HUB_ID
+    assert data.base_model == HUB_ID[info["target"]["name"]]
     assert data.library_name == "hf_specdec" and data.pipeline_tag == "text-generation"
     assert {"speculative-decoding", TAG[kind]}.issubset(data.tags)
     assert kind != "vanilla" or "glide" not in data.tags
@@ -73,7 +88,7 @@ def test_shipped_snippet_runs_as_written(kind, monkeypatch):
     target, inputs = scope["target"], scope["inputs"]
     greedy = target.generate(**inputs, max_new_tokens=24, do_sample=False)
     assert torch.equal(scope["out"], greedy)
-    if kind == "edd":
+    if DRAFTER_KIND[kind] == "edd":
         assert torch.equal(scope["tree"], greedy)
 
 
