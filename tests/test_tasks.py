@@ -48,7 +48,9 @@ def test_limit_and_plain_prompt_without_template():
 
     ds = load_task("mt-bench", None, limit=3)
     assert len(ds) == 3 and ds[0]["prompt"] == f"user: {ds[0]['source']}\nassistant: "
-    answered = _render(None, [{"role": "user", "content": ds[0]["source"]}, {"role": "assistant", "content": "Hi"}])
+    answered = _render(
+        None, [{"role": "user", "content": ds[0]["source"]}, {"role": "assistant", "content": "Hi"}]
+    )
     assert answered == ds[0]["prompt"] + "Hi\n"
 
 
