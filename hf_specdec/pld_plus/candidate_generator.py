@@ -80,9 +80,8 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self.variant = variant
         self.num_draft_tokens = num_draft_tokens
         self.lengths = DraftLength(num_draft_tokens, cost, *priors)
-        self._skipped: tuple[int, int, str] | None = (
-            None  # (output position, source position, kind) of a skipped copy
-        )
+        # (output position, source position, kind) of the copy the last step did not draft
+        self._skipped: tuple[int, int, str] | None = None
         self.max_length = max_length
         self.layer = layer
         self.heads = heads or {}
@@ -164,9 +163,7 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self._absorb(model_outputs, n)
         self.steps += 1
         ids = input_ids[0]
-        if (
-            self._skipped is not None
-        ):  # the copy the last step did not draft, scored against the target's token
+        if self._skipped is not None:  # scored against the token the target emitted there
             at, source, kind = self._skipped
             self.lengths.observe(kind, bool(ids[at] == ids[source]))
             self._skipped = None
