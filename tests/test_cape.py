@@ -352,17 +352,19 @@ def test_real_target_trained_glide_cape_is_identical(real_target):
             ids, attention_mask=mask, max_new_tokens=32, do_sample=False, assistant_model=d
         )
         assert torch.equal(chain, ref), text
-        stats = DecodeStats()
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=32,
-            do_sample=False,
-            custom_generate=hf_specdec.glide_cape,
-            drafter=d,
-            stats=stats,
-        )
-        assert torch.equal(out, ref), text
+        for cost in (True, False):  # the cost rule (may draft nothing on a slow CPU), the paper's tree
+            stats = DecodeStats()
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=32,
+                do_sample=False,
+                custom_generate=hf_specdec.glide_cape,
+                drafter=d,
+                cape_cost=cost,
+                stats=stats,
+            )
+            assert torch.equal(out, ref), (text, cost)
         accepted += stats.accepted
     assert accepted > 0
 

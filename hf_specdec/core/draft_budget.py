@@ -32,6 +32,7 @@ from .timing import device_of
 from .verify_cost import CostCurve
 
 _ATTR = "_hf_specdec_drafter_cost"
+_GATES = "_hf_specdec_draft_gates"
 
 
 class DraftBudget:
@@ -47,6 +48,10 @@ class DraftBudget:
     def worth_drafting(self, reach: float, n: int) -> bool:
         """Run one more drafter forward to extend a node of estimate ``reach`` in a tree of ``n`` nodes?"""
         return reach >= self.drafter_cost + self.marginal(n)
+
+    def step_time(self, n: int, forwards: int) -> float:
+        """``T`` of a step verifying ``n`` nodes drafted with ``forwards`` drafter forwards."""
+        return 1.0 + forwards * self.drafter_cost + self.rows * (self.cost(n + 1) - self.cost(1))
 
     def keep(self, estimates: Sequence[float], depths: Sequence[int], forwards: int = 1) -> list[int]:
         """The nodes worth verifying (increasing indices): best estimate first (shallower, then earlier, on ties)
@@ -103,3 +108,76 @@ class ChainSizer:
         if more:
             self.time += self.budget.drafter_cost
         return True, more
+
+
+class DraftGate:
+    """The cost rule checked against what verification accepts (issue #31 point 3), one per generation.
+
+    The rule above trusts the drafter's estimates. A drafter that is more confident than it is right drafts trees
+    that do not pay, and even a drafter whose trees are cut to nothing still costs its first forward every step. So
+    the loop feeds back what happened:
+
+    - **calibration**: ``scale`` is the running ratio of accepted tokens to the estimates' sum over the verified
+      nodes (expected accepted length = sum of the nodes' acceptance probabilities), by which the proposer multiplies
+      its estimates before applying the rule (at most :attr:`MAX_SCALE`, estimates capped at 1);
+    - **the gate**: ``rate`` is the running ratio of tokens emitted to the step's modelled cost ``T`` over the steps
+      that drafted: the speed of drafting relative to plain decoding (1 token per forward). While it is >= 1 every
+      step drafts; below, drafting pays less than ``generate`` and only probes run, 1, 2, 4 ... up to ``max_gap``
+      steps apart, so the drafter's cost falls to ``c_d / max_gap`` per step while a text on which it would pay
+      (a copy, code) is still noticed.
+
+    Nothing here reads the device: the proposer passes what the loop already read (:meth:`outcome`, once per
+    drafted step). The decisions depend on tokens already emitted only, so sampling stays exact (a proposal may
+    depend on the prefix in any way). With the measured costs the gate is kept on the drafter across generations
+    (:func:`shared_gate`): what was learnt on one prompt is where the next one starts."""
+
+    MAX_SCALE = 1.5
+
+    def __init__(self, momentum: float = 0.85, max_gap: int = 32):
+        self.momentum, self.max_gap = momentum, int(max_gap)
+        self.predicted = self.accepted = 0.0  # running means behind ``scale``
+        self.tokens: float | None = None  # running means behind ``rate`` (None: no drafted step yet)
+        self.time = 0.0
+        self.gap, self.wait = 1, 0
+
+    @property
+    def scale(self) -> float:
+        if not self.predicted:
+            return 1.0
+        return min(self.accepted / self.predicted, self.MAX_SCALE)
+
+    @property
+    def rate(self) -> float | None:
+        return None if self.tokens is None else self.tokens / max(self.time, 1e-9)
+
+    def draft_now(self) -> bool:
+        """Draft this step? Always while drafting pays (or nothing is known yet); else every ``gap``-th step."""
+        rate = self.rate
+        if rate is None or rate >= 1.0:
+            self.gap, self.wait = 1, 0
+            return True
+        self.wait += 1
+        if self.wait < self.gap:
+            return False
+        self.wait, self.gap = 0, min(2 * self.gap, self.max_gap)
+        return True
+
+    def outcome(self, predicted: float, accepted: float, tokens: float, time: float) -> None:
+        """One drafted step: ``predicted`` (the sum of its verified nodes' raw estimates) against ``accepted`` feeds
+        ``scale``; ``tokens`` emitted per ``time`` (its modelled cost ``T``) feeds ``rate``."""
+        if self.tokens is None:  # the first observation starts the running sums
+            self.predicted, self.accepted, self.tokens, self.time = predicted, accepted, tokens, time
+            return
+        m = self.momentum
+        self.predicted = m * self.predicted + (1 - m) * predicted
+        self.accepted = m * self.accepted + (1 - m) * accepted
+        self.tokens = m * self.tokens + (1 - m) * tokens
+        self.time = m * self.time + (1 - m) * time
+
+
+def shared_gate(owner, target) -> DraftGate:
+    """The :class:`DraftGate` kept on ``owner`` (a drafter, or SPACE's model) for ``target``'s dtype, device and
+    thread count, as its measured costs are: one per machine setting, carried from one generation to the next. In a
+    batch every row's proposer shares it (their outcomes pool; a probe comes ``rows`` times as often)."""
+    key = (str(target.dtype), str(device_of(target)), torch.get_num_threads())
+    return owner.__dict__.setdefault(_GATES, {}).setdefault(key, DraftGate())

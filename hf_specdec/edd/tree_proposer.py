@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.draft_budget import DraftBudget, measured_drafter_cost
+from ..core.draft_budget import DraftBudget, DraftGate, measured_drafter_cost, shared_gate
 from ..core.timing import clock, device_of
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer
@@ -118,6 +118,10 @@ class EddTreeProposer(TreeProposer):
         self.last_tree: GrownTree | None = None
         self._t_proposed: float | None = None
         self.state: EddDraftState | None = None
+        self.gate: DraftGate | None = None
+        self._pending: tuple[float, float] | None = (
+            None  # the drafted step being verified: (estimates' sum, T)
+        )
 
     @torch.no_grad()
     def calibrate(self, model, input_ids: torch.Tensor) -> None:
@@ -152,6 +156,9 @@ class EddTreeProposer(TreeProposer):
             self.calibrate(model, input_ids)
         self.state = EddDraftState(self.edd)
         self._t_proposed = None
+        self.gate, self._pending = None, None
+        if self.builder == "pct" and self.budget is not None:  # measured costs: the gate kept on the drafter
+            self.gate = shared_gate(self.edd, model) if self.cost is True else DraftGate()
         self.hidden_layers = (self.edd.config.encoder_layer,)  # the soft prompt's layer: the only one read
 
     def observe(self, feedback: StepFeedback) -> None:
@@ -160,13 +167,17 @@ class EddTreeProposer(TreeProposer):
             self._t_proposed = None
         if self.state.soft_prompt:
             self.state.push_hidden(feedback.hidden_states[self.edd.config.encoder_layer])
+        if self._pending is not None:
+            accepted, (predicted, time) = feedback.num_accepted, self._pending
+            self.gate.outcome(predicted, accepted, 1.0 + accepted, time)
+            self._pending = None
 
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         depth = min(self.depth, max_depth)
         timer = None if self.budget is not None else self.timer  # no timing under the cost rule
         tree = TokenTree.empty(input_ids.device)
-        if depth > 0:
+        if depth > 0 and (self.gate is None or self.gate.draft_now()):
             self.last_tree = self.grow(self.expander(self.state, input_ids, timer), depth)
             tree = self.last_tree.token_tree(input_ids.device)
         self._t_proposed = None if timer is None else clock(input_ids.device)
@@ -181,9 +192,16 @@ class EddTreeProposer(TreeProposer):
     def grow(self, expander, depth: int) -> GrownTree:
         """This proposer's tree (``builder`` and its settings) from ``expander``, at most ``depth`` deep."""
         if self.builder == "pct" and self.budget is not None:
-            threshold = self.budget.drafter_cost + self.budget.marginal(1)
+            # the estimates corrected by what was accepted (core/draft_budget.DraftGate): e * scale >= threshold
+            scale = 1.0 if self.gate is None else self.gate.scale
+            threshold = (self.budget.drafter_cost + self.budget.marginal(1)) / max(scale, 1e-6)
             grown = grow_pct(expander, threshold, self.width, depth, self.removal_threshold)
-            return grown.subset(self.budget.keep(grown.estimate, grown.depth, grown.expansions))
+            scaled = [min(e * scale, 1.0) for e in grown.estimate]
+            kept = self.budget.keep(scaled, grown.depth, grown.expansions)
+            if self.gate is not None:
+                time = self.budget.step_time(len(kept), grown.expansions)
+                self._pending = (sum(grown.estimate[i] for i in kept), time)
+            return grown.subset(kept)
         if self.builder == "pct":
             return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)
         if self.builder == "vct":

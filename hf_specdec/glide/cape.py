@@ -52,7 +52,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ..core.chain_drafting import chain_length
-from ..core.draft_budget import DraftBudget, measured_drafter_cost
+from ..core.draft_budget import DraftBudget, DraftGate, measured_drafter_cost, shared_gate
 from ..core.generate_io import check_generation_mode, check_prompt, eos_token_ids, first_row
 from ..core.stats import DecodeStats
 from ..core.tree import ROOT, TokenTree
@@ -151,6 +151,7 @@ class CapeProposer(TreeProposer):
         expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION,
         logits_processor: LogitsProcessorList | None = None,
         budget: DraftBudget | None = None,
+        gate: DraftGate | None = None,
     ):
         if not (hasattr(drafter, "hidden_states") and hasattr(drafter, "draft_logits")):
             raise SpecDecError(
@@ -170,6 +171,13 @@ class CapeProposer(TreeProposer):
         self.eos: set[int] = set()
         self.last_confidences: list[float] = []
         self.last_sizes: list[int] = []
+        self.shared = (
+            gate  # the gate kept across generations (glide_cape's measured costs), else one per generation
+        )
+        self.gate: DraftGate | None = None
+        self._pending: tuple[float, float] | None = (
+            None  # the drafted step being verified: (estimates' sum, T)
+        )
 
     def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
         if self.drafter.target is not model:
@@ -179,9 +187,15 @@ class CapeProposer(TreeProposer):
         self.eos = set(eos_token_ids(generation_config))
         ids = self.drafter.draft_vocab_ids
         self.vocab_ids = None if ids is None else ids.tolist()  # read once per generation
+        self.gate = None if self.budget is None else self.shared or DraftGate()
+        self._pending = None
 
     def observe(self, feedback: StepFeedback) -> None:
         self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
+        if self._pending is not None:
+            accepted, (predicted, time) = feedback.num_accepted, self._pending
+            self.gate.outcome(predicted, accepted, 1.0 + accepted, time)
+            self._pending = None
 
     def _rank(
         self, sequence: torch.Tensor, logits: torch.Tensor
@@ -202,8 +216,9 @@ class CapeProposer(TreeProposer):
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         gamma = min(self.gamma, max_depth)
         self.last_confidences, self.last_sizes = [], []
-        if gamma <= 0 or self.state is None:
-            return TokenTree.empty(input_ids.device)
+        if gamma <= 0 or self.state is None or (self.gate is not None and not self.gate.draft_now()):
+            return TokenTree.empty(input_ids.device)  # a skipped step: the drafter catches up on the next one
+        scale = 1.0 if self.gate is None else self.gate.scale  # the estimates, corrected by what was accepted
         keep = self.state.sync(input_ids)
         step_ids, sequence = input_ids[:, keep:], input_ids
         proposal: list[int] = []
@@ -220,7 +235,9 @@ class CapeProposer(TreeProposer):
             reach *= p
             if token in self.eos or i == gamma - 1:
                 break
-            if self.budget is not None and not self.budget.worth_drafting(reach, len(proposal)):
+            if self.budget is not None and not self.budget.worth_drafting(
+                min(reach * scale, 1.0), len(proposal)
+            ):
                 break
             step_ids = input_ids.new_tensor([[token]])
             sequence = torch.cat([sequence, step_ids], dim=1)
@@ -230,7 +247,10 @@ class CapeProposer(TreeProposer):
                 *(i + 1 for i, siblings in enumerate(expansions) for _ in siblings),
             ]
             estimates = node_estimates(self.last_confidences, sibling_probs)
-            kept = set(self.budget.keep(estimates, depth, len(proposal)))
+            kept = set(self.budget.keep([min(e * scale, 1.0) for e in estimates], depth, len(proposal)))
+            if self.gate is not None:
+                time = self.budget.step_time(len(kept), len(proposal))
+                self._pending = (sum(estimates[node] for node in kept), time)
             # the kept proposal tokens are a prefix of the chain (estimates fall along it); the kept expansion
             # tokens hang below kept proposal tokens only (the kept set is a tree)
             chain = sum(1 for node in kept if node < len(proposal))
@@ -295,11 +315,13 @@ def glide_cape(
     )
     check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
     rows = input_ids.shape[0]  # a batch's rows share each verification forward (DraftBudget)
+    gate = None
     if cape_cost is True:
         if drafter.target is not model:
             drafter.attach_target(model)
         curve = measured_cost(model, first_row(input_ids, model_kwargs), batch=rows)
         budget = DraftBudget(curve, measured_drafter_cost(drafter, model), rows)
+        gate = shared_gate(drafter, model) if rows == 1 else None
     elif isinstance(cape_cost, CostCurve):
         budget = DraftBudget(cape_cost, 0.0, rows)
     else:
@@ -310,6 +332,7 @@ def glide_cape(
         expansion=DEFAULT_EXPANSION if cape_expansion is None else cape_expansion,
         logits_processor=logits_processor,
         budget=budget,
+        gate=gate,
     )
     return tree_generate(
         model,

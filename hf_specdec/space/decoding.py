@@ -44,7 +44,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..core.acceptance import accept_tree, processed_scores
-from ..core.draft_budget import DraftBudget
+from ..core.draft_budget import DraftBudget, DraftGate, shared_gate
 from ..core.generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
@@ -182,6 +182,13 @@ def space_generate(
     device = input_ids.device
     gen = space_generator
     budget = candidate_budget(model, input_ids, k, space_cost)
+    # Masks only while they pay (issue #31 point 3): a step feeds its mask groups when drafting has been paying
+    # (core/draft_budget.DraftGate), else it is a plain step (k = 0: no mask, no new candidate) but for probes. The
+    # first candidate of every step that drafted is scored for free against the token the target emits next (it is
+    # that token's argmax under greedy: a hit is an acceptance), verified or not; a step verifying one candidate with
+    # its masks costs budget.cost(2). With the measured costs the gate is kept on the model across generations.
+    gate = None if budget is None else shared_gate(model, model) if space_cost is True else DraftGate()
+    first: tuple[int, float] | None = None  # the last mask group's first candidate and its confidence
     cache, past = prepare_cache(model, input_ids, model_kwargs)
     masks = LayerMasks(model)  # sliding-window layers see their window (core/sliding_window.py)
 
@@ -194,9 +201,11 @@ def space_generate(
         pending = sequence[past:]
         room = max_length - input_ids.shape[1]  # tokens still allowed; the bonus token takes one
         c = max(0, min(len(cands), room - 1))
-        ids = build_input(pending, cands[:c], k, mask_id)
+        ks = k if gate is None or gate.draft_now() else 0  # masks per group this step
+        ids = build_input(pending, cands[:c], ks, mask_id)
         is_mask = torch.tensor(
-            [j >= len(pending) and (j - len(pending)) % (k + 1) != k for j in range(len(ids))], device=device
+            [j >= len(pending) and (j - len(pending)) % (ks + 1) != ks for j in range(len(ids))],
+            device=device,
         )
         local = attention_mask(is_mask)
         full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
@@ -216,38 +225,45 @@ def space_generate(
         logits = out.logits[0, -rows:]  # row 0 = x_l
         del out
 
-        # Verify c_1..c_c (row (i-1)(k+1) scores c_i), then one token of the model's own: the chain c_1 -> c_2 ...
+        # Verify c_1..c_c (row (i-1)(ks+1) scores c_i), then one token of the model's own: the chain c_1 -> c_2 ...
         # through the tree core's acceptance, with q = P_c when sampling.
         chain = TokenTree.from_chain(  # from the host list: nothing read back
             cands[:c], torch.stack(cand_probs[:c]) if do_sample and c else None, device=device
         )
-        acc = accept_tree(chain, logits[:: k + 1][: c + 1], input_ids, logits_processor, do_sample, gen)
+        acc = accept_tree(chain, logits[:: ks + 1][: c + 1], input_ids, logits_processor, do_sample, gen)
         tokens, n_acc = acc.tokens, len(acc.nodes)
-        row = n_acc * (k + 1)  # the row of the last accepted real token
+        row = n_acc * (ks + 1)  # the row of the last accepted real token
+        if gate is not None and first is not None:  # the free score of the last drafted first candidate
+            hit = float(tokens[0] == first[0])
+            gate.outcome(first[1], hit, 1.0 + hit, budget.cost(2))
 
         # New candidates from the mask group after the last accepted token (group n_acc), drawn after the bonus.
-        seq = torch.cat([input_ids, input_ids.new_tensor([tokens])], dim=-1)
-        group = logits[row + 1 : row + 1 + k]
-        gs = torch.cat([processed_scores(logits_processor, seq, g) for g in group])
-        if do_sample:
-            cand_probs = list(torch.softmax(gs, dim=-1))
-            cands = [int(torch.multinomial(p, 1, generator=gen)) for p in cand_probs]
-            # by the distributions only: a candidate kept or dropped by the value drawn would bias the sampling
-            confidence = torch.stack(cand_probs).max(-1).values.tolist() if budget else []
-        else:
-            best = gs.float().log_softmax(-1).max(-1)  # one read: the candidates and their confidences
-            ids_and_logp = torch.stack([best.indices.float(), best.values]).tolist()
-            cands, confidence, cand_probs = [int(t) for t in ids_and_logp[0]], ids_and_logp[1], []
-            confidence = [math.exp(v) for v in confidence]
-        if budget:  # a prefix: the chain's estimates only fall
-            estimates = list(itertools.accumulate(confidence, operator.mul))
+        cands, confidence, cand_probs = [], [], []
+        if ks:
+            seq = torch.cat([input_ids, input_ids.new_tensor([tokens])], dim=-1)
+            group = logits[row + 1 : row + 1 + ks]
+            gs = torch.cat([processed_scores(logits_processor, seq, g) for g in group])
+            if do_sample:
+                cand_probs = list(torch.softmax(gs, dim=-1))
+                cands = [int(torch.multinomial(p, 1, generator=gen)) for p in cand_probs]
+                # by the distributions only: a candidate kept or dropped by the value drawn would bias the sampling
+                confidence = torch.stack(cand_probs).max(-1).values.tolist() if budget else []
+            else:
+                best = gs.float().log_softmax(-1).max(-1)  # one read: the candidates and their confidences
+                ids_and_logp = torch.stack([best.indices.float(), best.values]).tolist()
+                cands, confidence = [int(t) for t in ids_and_logp[0]], ids_and_logp[1]
+                confidence = [math.exp(v) for v in confidence]
+        first = (cands[0], confidence[0]) if cands and gate is not None else None
+        if budget and cands:  # a prefix: the chain's estimates only fall
+            scale = gate.scale
+            estimates = [min(e * scale, 1.0) for e in itertools.accumulate(confidence, operator.mul)]
             cands = cands[: len(budget.keep(estimates, list(range(len(cands)))))]
 
         input_ids, finished = stop.append(input_ids, tokens)
         m = input_ids.shape[1] - past - len(pending)  # tokens emitted this step (a stop may cut them)
         sequence += tokens[:m]
         kept = min(n_acc, m)
-        keep = list(range(len(pending))) + [len(pending) - 1 + j * (k + 1) for j in range(1, kept + 1)]
+        keep = list(range(len(pending))) + [len(pending) - 1 + j * (ks + 1) for j in range(1, kept + 1)]
         compact_cache(cache, past, keep)
         past += len(keep)
         outputs.add(acc.scores[:m])
@@ -257,7 +273,9 @@ def space_generate(
         stats.drafted += c
         stats.accepted += n_acc
         stats.verify_time += verify_s
-        stats.steps.append(dict(drafted=c, accepted=n_acc, new_tokens=m, fed=len(ids), verify_s=verify_s))
+        stats.steps.append(
+            dict(drafted=c, accepted=n_acc, new_tokens=m, fed=len(ids), masks=ks, verify_s=verify_s)
+        )
 
     finish(stats, streamer, t_start, input_ids.device)
     stats.draft_time = max(stats.total_time - stats.verify_time, 0.0)

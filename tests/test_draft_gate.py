@@ -1,0 +1,145 @@
+"""The cost rule checked against verification (``core/draft_budget.DraftGate``, issue #31 point 3): drafting stops
+when it has not been paying, probes come back at growing gaps, the drafter's estimates are scaled by what was
+accepted; on CAPE, PCT and SPACE a draft too dear for the machine is not drafted, and the output does not change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.core.draft_budget import DraftBudget, DraftGate
+from hf_specdec.core.stats import DecodeStats
+from hf_specdec.core.tree_decoding import tree_generate
+from hf_specdec.core.verify_cost import CostCurve
+from hf_specdec.edd.tree_proposer import EddTreeProposer
+from hf_specdec.glide.cape import CapeProposer
+
+from .conftest import tiny_llama
+from .test_glide_model import _drafter
+from .test_space_decoding import _peaked
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_gate_drafts_while_it_pays_and_backs_off_to_probes():
+    gate = DraftGate(max_gap=8)
+    assert gate.draft_now() and gate.rate is None  # nothing known: draft
+    gate.outcome(predicted=1.0, accepted=1.0, tokens=2.0, time=1.5)  # 2 tokens for 1.5 forwards: pays
+    assert all(gate.draft_now() for _ in range(10))
+
+    gate = DraftGate(max_gap=8)
+    gate.outcome(predicted=0.5, accepted=0.0, tokens=1.0, time=1.5)  # 1 token for 1.5 forwards: loses
+    drafted = [i for i in range(60) if gate.draft_now()]
+    assert [b - a for a, b in zip(drafted, drafted[1:])] == [
+        2,
+        4,
+        8,
+        8,
+        8,
+        8,
+        8,
+        8,
+    ]  # probes, gaps doubling to 8
+    for _ in range(12):  # the probes find a text where drafting pays: every step drafts again
+        gate.outcome(predicted=1.0, accepted=2.0, tokens=3.0, time=1.3)
+    assert gate.rate > 1 and all(gate.draft_now() for _ in range(10))
+
+
+def test_gate_scales_estimates_by_what_was_accepted():
+    gate = DraftGate()
+    assert gate.scale == 1.0  # nothing known: the drafter's own estimates
+    for _ in range(30):
+        gate.outcome(predicted=2.0, accepted=0.5, tokens=1.5, time=2.0)
+    assert gate.scale == pytest.approx(0.25)  # four times too confident
+    for _ in range(60):
+        gate.outcome(predicted=0.1, accepted=1.0, tokens=2.0, time=1.0)
+    assert gate.scale == DraftGate.MAX_SCALE  # under-confidence is trusted only so far
+
+
+class _Counting(CapeProposer):
+    """Records, per step, whether the drafter ran (CAPE reads a confidence per drafter forward)."""
+
+    def start(self, *args):
+        super().start(*args)
+        self.ran: list[bool] = []
+
+    def propose(self, input_ids, max_depth):
+        tree = super().propose(input_ids, max_depth)
+        self.ran.append(bool(self.last_confidences))
+        return tree
+
+
+def test_cape_stops_drafting_where_its_drafts_do_not_pay():
+    """A random drafter whose forward costs half a target forward: after a few steps the drafter runs only on
+    probes; the output is plain greedy's. With a free drafter and free verification it drafts every step."""
+    target = tiny_llama()
+    drafter = _drafter(target)
+    prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    ref = target.generate(prompt, **kw)
+    runs = {}
+    for name, budget in (
+        ("dear", DraftBudget(CostCurve.linear(0.5), drafter_cost=0.5)),
+        ("free", DraftBudget(CostCurve({1: 1.0, 2: 1.0}), drafter_cost=0.0)),
+    ):
+        proposer = _Counting(drafter, gamma=3, budget=budget)
+        out = target.generate(prompt, custom_generate=tree_generate, proposer=proposer, **kw)
+        assert torch.equal(out, ref), name
+        runs[name] = proposer.ran
+    assert all(runs["free"][:-1])  # the last step has no room for a draft
+    assert sum(runs["dear"]) <= len(runs["dear"]) // 3, runs["dear"]
+    assert any(runs["dear"][10:])  # probes go on
+
+
+def test_pct_stops_drafting_where_its_trees_do_not_pay(target_and_edd):
+    target, edd = target_and_edd
+    prompt = torch.randint(3, 90, (1, 8), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    ref = target.generate(prompt, **kw)
+    proposer = EddTreeProposer(edd, "pct", cost=DraftBudget(CostCurve.linear(0.5), drafter_cost=0.5))
+    forwards = []
+    original = proposer.grow
+
+    def grow(expander, depth):
+        forwards.append(1)
+        return original(expander, depth)
+
+    proposer.grow = grow
+    stats = DecodeStats()
+    out = target.generate(prompt, custom_generate=tree_generate, proposer=proposer, stats=stats, **kw)
+    assert torch.equal(out, ref)
+    assert len(forwards) <= stats.target_forwards // 3, (len(forwards), stats.target_forwards)
+
+
+def test_space_feeds_masks_only_while_they_pay():
+    """Where a step with masks costs many forwards SPACE decodes plainly but for probes; where masks are free it
+    feeds them every step. Greedy output identical to plain decoding either way."""
+    model = _peaked(tiny_llama(vocab_size=97), k=3)
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref = model.generate(prompt, **kw)
+    masked = {}
+    for name, cost in (("free", CostCurve({1: 1.0, 2: 1.0})), ("steep", CostCurve.linear(3.0))):
+        stats = DecodeStats()
+        out = model.generate(prompt, custom_generate=hf_specdec.space, space_cost=cost, stats=stats, **kw)
+        assert torch.equal(out, ref), name
+        masked[name] = [s["masks"] > 0 for s in stats.steps]
+    assert all(masked["free"])
+    assert sum(masked["steep"]) <= len(masked["steep"]) // 3 and any(masked["steep"][8:]), masked["steep"]
+
+
+def test_the_measured_gate_is_kept_per_machine_setting(one_thread):
+    """With the measured costs the gate lives on the drafter (like c_d), one per dtype, device and thread count."""
+    from hf_specdec.core.draft_budget import shared_gate
+
+    target = tiny_llama()
+    drafter = _drafter(target)
+    gate = shared_gate(drafter, target)
+    assert shared_gate(drafter, target) is gate and shared_gate(_drafter(target), target) is not gate
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert shared_gate(drafter, target) is not gate
+    finally:
+        torch.set_num_threads(threads)
