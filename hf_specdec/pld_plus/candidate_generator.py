@@ -14,7 +14,7 @@ from ..errors import SpecDecError
 from .attribution import CopiedSpan
 from .defaults import DEFAULT_LAYER_FRACTION, DEFAULT_PRIORS
 from .draft_length import DraftLength
-from .ranking import occurrences, rank_by_attention, rank_by_hidden
+from .ranking import rank_by_attention, rank_by_hidden
 
 
 def resolve_layer(model, layer: int | None) -> int:
@@ -107,6 +107,11 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             None  # (output position, source position, length) of a draft
         )
         self.spans: list[CopiedSpan] = []
+        # the sequence on the host: the occurrences, the drafts and every check read it, not the device; it grows by
+        # the tokens the loop emitted (the tree core hands them over, ``extend``; else read from input_ids once a step)
+        self.tokens: list[int] = []
+        self.last_draft: list[int] = []  # the tokens the last get_candidates drafted (host list)
+        self._eos = set() if eos_token_id is None else set(eos_token_id.reshape(-1).tolist())  # read once
         self.steps = 0  # drafting opportunities (calls after the prefill)
         self.drafted_steps = 0  # ... that proposed a draft
         self.drafted_tokens = 0
@@ -135,11 +140,28 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             self._row_offset = rows[0].shape[-1] - rows[0].shape[-2]
         self._stored = n - 1
 
-    def _rank(self, ids: torch.Tensor) -> tuple[int | None, float]:
-        occ = occurrences(ids)
-        if occ.numel() == 0:
+    def extend(self, tokens: list[int]) -> None:
+        """The tokens the loop emitted since the last call (the tree core passes ``StepFeedback.new_tokens``)."""
+        self.tokens += tokens
+
+    def _sync(self, input_ids: torch.Tensor) -> list[int]:
+        """The host sequence, brought up to ``input_ids`` (one read of the tokens it lacks, if any)."""
+        n = input_ids.shape[1]
+        if len(self.tokens) > n:  # not this generation's sequence: read it whole
+            self.tokens = []
+        if len(self.tokens) < n:
+            self.tokens += input_ids[0, len(self.tokens) :].tolist()
+        return self.tokens
+
+    def _rank(self, tokens: list[int]) -> tuple[int | None, float]:
+        """Eq. 1 on the host list (positions ``j < t`` holding ``x_t``), ranked on the device in one read."""
+        n, last = len(tokens), tokens[-1]
+        first = 1 if self.variant == "hidden" else 0  # j = 0 has no H_{j-1}
+        occ = [j for j in range(first, n - 1) if tokens[j] == last]
+        if not occ:
             return None, float("-inf")
-        n = ids.shape[0]
+        device = self._states.device if self.variant == "hidden" else self._rows[0].device
+        occ = torch.tensor(occ, dtype=torch.long, device=device)
         if self.variant == "hidden":
             return rank_by_hidden(self._states[: n - 1], occ)
         row = n - 2 - self._row_offset  # x_{t-1} is position n-2
@@ -156,36 +178,36 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         n_last_matches: int = 0,
         **kwargs,
     ) -> tuple[torch.LongTensor, None]:
-        self._pending = None
+        self._pending, self.last_draft = None, []
         if model_outputs is None:  # before the prefill: nothing to rank with yet
             return input_ids, None
         n = input_ids.shape[1]
         self._absorb(model_outputs, n)
         self.steps += 1
-        ids = input_ids[0]
+        tokens = self._sync(input_ids)
         if self._skipped is not None:  # scored against the token the target emitted there
             at, source, kind = self._skipped
-            self.lengths.observe(kind, bool(ids[at] == ids[source]))
+            self.lengths.observe(kind, tokens[at] == tokens[source])
             self._skipped = None
         budget = self.max_length - n - 1  # the draft and the bonus token must fit
         if budget < 1:
             return input_ids, None
-        j, score = self._rank(ids)
+        j, score = self._rank(tokens)
         if j is None or (self.min_score is not None and score < self.min_score):
             return input_ids, None
         k = self.lengths.for_source(j, budget)
         if k < 1:
             self._skipped = (n, j + 1, self.lengths._last)
             return input_ids, None
-        draft = ids[j + 1 : min(j + 1 + k, n)]
-        if self.eos_token_id is not None:
-            eos = torch.isin(draft, self.eos_token_id.to(draft.device)).nonzero()
-            if eos.numel():
-                draft = draft[: int(eos[0]) + 1]
-        self._pending = (n, j + 1, draft.shape[0])
+        draft = tokens[j + 1 : min(j + 1 + k, n)]
+        eos = next((i for i, t in enumerate(draft) if t in self._eos), None)
+        if eos is not None:
+            draft = draft[: eos + 1]
+        self._pending = (n, j + 1, len(draft))
+        self.last_draft = draft
         self.drafted_steps += 1
-        self.drafted_tokens += draft.shape[0]
-        return torch.cat([input_ids, draft[None].to(input_ids.device)], dim=1), None
+        self.drafted_tokens += len(draft)
+        return torch.cat([input_ids, input_ids.new_tensor([draft])], dim=1), None
 
     def cut_draft(self, length: int) -> None:
         """The last draft was verified only up to its first ``length`` tokens (a batch cut it,
@@ -206,9 +228,8 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
             self.lengths.update(src_start, drafted, int(num_matches))
             length = int(num_matches)
             after = out_start + length
-            if after < input_ids.shape[1] and int(input_ids[0, after]) == int(
-                input_ids[0, src_start + length]
-            ):
+            tokens = self._sync(input_ids)
+            if after < len(tokens) and tokens[after] == tokens[src_start + length]:
                 length += 1
             if length > 0:
                 self.spans.append(CopiedSpan(out_start, src_start, length))

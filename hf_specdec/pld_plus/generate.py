@@ -7,7 +7,6 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
@@ -117,8 +116,6 @@ def pld_plus(
             "custom_generate=hf_specdec.pld_plus takes a batch with pld_variant='hidden' and without "
             "pld_return_attribution; PLD+(a) and the attribution run at batch size 1 (loop over the rows)"
         )
-    if not batch:
-        streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
     if pld_num_tokens is not None:
         k, cost = pld_num_tokens, None
     else:
@@ -149,31 +146,31 @@ def pld_plus(
                 **common,
             )
 
-        # transformers' assisted loop takes batch size 1: the tree core runs a batch, PLD+ per row
-        if batch:
-            return tree_generate(
-                model,
-                input_ids,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-                synced_gpus,
-                streamer,
-                proposer=PLDPlusProposer(make_generator),
-                stats=stats,
-                batch_cost=cost,
-                specdec_streamer=specdec_streamer if specdec_streamer is not None else pld_streamer,
-                **model_kwargs,
-            )
-        generator = make_generator()
-        capture = contextlib.nullcontext(True)
-    else:
-        heads = _heads_for(model, pld_heads, pld_top_heads)
-        capture = capture_selected_attention(model, heads, last_rows=k + 1)
-        generator = None
-    with capture as heads_only:
-        if generator is None:
-            generator = PLDPlusCandidateGenerator("attention", heads=heads, heads_only=heads_only, **common)
+        # the tree core, at batch 1 as on a batch (PLD+ per row): one decoding loop, one host read per step for the
+        # acceptance and one for the ranking (transformers' assisted loop reads the device 3-4 times a step)
+        proposer = PLDPlusProposer(make_generator)
+        if not batch:  # the prompt goes into the streamer here (and the old keyword warns by its name)
+            streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
+            specdec_streamer = pld_streamer = None
+        out = tree_generate(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            synced_gpus,
+            streamer,
+            proposer=proposer,
+            stats=stats,
+            batch_cost=cost if batch else None,
+            specdec_streamer=specdec_streamer if specdec_streamer is not None else pld_streamer,
+            **model_kwargs,
+        )
+        return _with_attribution(out, proposer.generator.spans) if pld_return_attribution else out
+    streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
+    heads = _heads_for(model, pld_heads, pld_top_heads)
+    with capture_selected_attention(model, heads, last_rows=k + 1) as heads_only:
+        generator = PLDPlusCandidateGenerator("attention", heads=heads, heads_only=heads_only, **common)
         out = run_assisted_decoding(
             model,
             generator,
@@ -185,9 +182,12 @@ def pld_plus(
             streamer=streamer,
             **model_kwargs,
         )
-    if not pld_return_attribution:
-        return out
-    spans = merge_spans(generator.spans)
+    return _with_attribution(out, generator.spans) if pld_return_attribution else out
+
+
+def _with_attribution(out, spans) -> PLDPlusGenerateOutput:
+    """``generate``'s output with the copied-and-accepted spans (App. D) attached."""
+    spans = merge_spans(spans)
     if isinstance(out, torch.Tensor):
         return PLDPlusGenerateOutput(sequences=out, attribution=spans)
     return PLDPlusGenerateOutput(**dict(out.items()), attribution=spans)

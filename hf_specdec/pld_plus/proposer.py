@@ -37,21 +37,25 @@ class PLDPlusProposer(TreeProposer):
 
     def start(self, model, input_ids, generation_config) -> None:
         self.generator = self.make_generator()
+        self.generator.tokens = input_ids[
+            0
+        ].tolist()  # the prompt, read once; then the tokens each step emits
         self._outputs = None
         self.hidden_layers = (self.generator.layer,)  # the layer PLD+(h) ranks by: the only one read
 
     def observe(self, feedback: StepFeedback) -> None:
         if feedback.tree is not None:  # the batch may have cut the draft (batch_decoding.best_depth)
             self.generator.cut_draft(len(feedback.tree))
+        self.generator.extend(feedback.new_tokens)  # on the host already: the generator reads nothing back
         # after every forward, the prefill included, as the assisted loop does
         self.generator.update_candidate_strategy(feedback.input_ids, None, feedback.num_accepted)
         self._outputs = SimpleNamespace(hidden_states=feedback.hidden_states)
 
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
-        sequence, _ = self.generator.get_candidates(input_ids, model_outputs=self._outputs)
-        draft = sequence[0, input_ids.shape[1] :][:max_depth]
-        self._drafted = draft.shape[0]
-        return TokenTree.from_chain(draft)
+        self.generator.get_candidates(input_ids, model_outputs=self._outputs)
+        draft = self.generator.last_draft[:max_depth]  # the host list: the tree is built without a read back
+        self._drafted = len(draft)
+        return TokenTree.from_chain(draft, device=input_ids.device)
 
     def expected_tokens(self, depth: int) -> float:
         """Tokens this row's draft yields when cut to ``depth`` (``DraftLength.expected``; 1 without a draft)."""

@@ -17,12 +17,13 @@ def rank_by_hidden(unit_states: torch.Tensor, occ: torch.Tensor) -> tuple[int | 
     cosine is a dot product; ``occ`` are the occurrences of ``x_t`` (``j = 0`` has no ``H_{j-1}`` and is skipped).
     Returns ``(j, similarity)`` or ``(None, -inf)``.
     """
-    occ = occ[occ >= 1]
     if occ.numel() == 0:
         return None, float("-inf")
-    sims = unit_states[occ - 1].float() @ unit_states[-1].float()
-    best = int(sims.argmax())
-    return int(occ[best]), float(sims[best])
+    # j = 0 masked out rather than dropped (no shape that depends on the data: no device sync on a GPU)
+    sims = (unit_states[(occ - 1).clamp(min=0)].float() @ unit_states[-1].float()).masked_fill(
+        occ < 1, -torch.inf
+    )
+    return _best(occ, sims)
 
 
 def rank_by_attention(rows: torch.Tensor, occ: torch.Tensor) -> tuple[int | None, float]:
@@ -33,6 +34,11 @@ def rank_by_attention(rows: torch.Tensor, occ: torch.Tensor) -> tuple[int | None
     """
     if occ.numel() == 0:
         return None, float("-inf")
-    scores = rows[:, occ].amax(dim=0)
-    best = int(scores.argmax())
-    return int(occ[best]), float(scores[best])
+    return _best(occ, rows[:, occ].amax(dim=0))
+
+
+def _best(occ: torch.Tensor, scores: torch.Tensor) -> tuple[int | None, float]:
+    """The occurrence with the best score and the score, in one host read."""
+    best = scores.max(0)
+    j, score = torch.stack([occ[best.indices].double(), best.values.double()]).tolist()
+    return (None, score) if score == float("-inf") else (int(j), score)
