@@ -143,3 +143,19 @@ def test_the_measured_gate_is_kept_per_machine_setting(one_thread):
         assert shared_gate(drafter, target) is not gate
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_step_that_verified_nothing_still_teaches_the_scale():
+    """When the rule kept no node, the drafter's top token at the root is scored against the token the target
+    emitted: a drafter whose scaled estimates were cut to nothing can still prove itself (else a closed gate could
+    never learn); the step itself yielded one token for its cost."""
+    gate = DraftGate()
+    for _ in range(40):
+        gate.verified((0.5, 1.1, 7), [7], 0)  # estimated 0.5, right every time
+    assert gate.scale == DraftGate.MAX_SCALE and gate.rate == pytest.approx(1 / 1.1)
+    for _ in range(40):
+        gate.verified((0.5, 1.1, 7), [9], 0)  # wrong every time
+    assert gate.scale < 0.01
+    gate = DraftGate()
+    gate.verified((1.5, 1.6, None), [3, 4, 5], 2)  # a verified tree: its accepted nodes count
+    assert gate.scale == pytest.approx(2 / 1.5) and gate.rate == pytest.approx(3 / 1.6)

@@ -20,6 +20,12 @@ machine a step costs one target forward plus one drafter forward: about ``1 + c_
 
 Where verifying is nearly free (a GPU: ``c(q)`` flat) and the drafter cheap, this keeps whole trees, as the papers'
 rules do; on a CPU in fp32, where ``c(q)`` rises steeply, it keeps short ones.
+
+**Checked against what is accepted.** The rule is only as good as the estimates ``e_i``. :class:`DraftGate` closes
+the loop: it scales the estimates by the running ratio of accepted tokens to estimated ones, and it stops the
+drafting itself (the first drafter forward included) while the drafted steps have yielded fewer tokens than their
+modelled cost ``T`` (``E / T < 1`` as measured, not as estimated), with probes at growing gaps. A method whose drafts
+do not pay on the machine then costs about what ``generate`` costs, plus ``c_d / 32`` per step.
 """
 
 from __future__ import annotations
@@ -161,6 +167,16 @@ class DraftGate:
             return False
         self.wait, self.gap = 0, min(2 * self.gap, self.max_gap)
         return True
+
+    def verified(self, step: tuple[float, float, int | None], new_tokens: list[int], accepted: int) -> None:
+        """The outcome of a drafted step ``(predicted, T, first)`` whose verification emitted ``new_tokens``, the
+        first ``accepted`` of them drafted. When the rule kept no node, ``first`` is the drafter's top token at the
+        root and ``predicted`` its confidence: it is scored for free against the token the target emitted there (under
+        greedy, exactly its acceptance), so the scale keeps learning while nothing is verified and a drafter that
+        turns good is noticed."""
+        predicted, time, first = step
+        hit = accepted if first is None else float(bool(new_tokens) and new_tokens[0] == first)
+        self.outcome(predicted, hit, 1.0 + accepted, time)
 
     def outcome(self, predicted: float, accepted: float, tokens: float, time: float) -> None:
         """One drafted step: ``predicted`` (the sum of its verified nodes' raw estimates) against ``accepted`` feeds

@@ -119,9 +119,9 @@ class EddTreeProposer(TreeProposer):
         self._t_proposed: float | None = None
         self.state: EddDraftState | None = None
         self.gate: DraftGate | None = None
-        self._pending: tuple[float, float] | None = (
-            None  # the drafted step being verified: (estimates' sum, T)
-        )
+        # the drafted step being verified, for the gate: (estimates' sum, T, None), or (p_1, T, the top token at the
+        # root) when the rule kept no node (DraftGate.verified)
+        self._pending: tuple[float, float, int | None] | None = None
 
     @torch.no_grad()
     def calibrate(self, model, input_ids: torch.Tensor) -> None:
@@ -168,8 +168,7 @@ class EddTreeProposer(TreeProposer):
         if self.state.soft_prompt:
             self.state.push_hidden(feedback.hidden_states[self.edd.config.encoder_layer])
         if self._pending is not None:
-            accepted, (predicted, time) = feedback.num_accepted, self._pending
-            self.gate.outcome(predicted, accepted, 1.0 + accepted, time)
+            self.gate.verified(self._pending, feedback.new_tokens, feedback.num_accepted)
             self._pending = None
 
     @torch.no_grad()
@@ -200,7 +199,11 @@ class EddTreeProposer(TreeProposer):
             kept = self.budget.keep(scaled, grown.depth, grown.expansions)
             if self.gate is not None:
                 time = self.budget.step_time(len(kept), grown.expansions)
-                self._pending = (sum(grown.estimate[i] for i in kept), time)
+                self._pending = (
+                    (sum(grown.estimate[i] for i in kept), time, None)
+                    if kept or not len(grown)
+                    else (grown.estimate[0], time, grown.tokens[0])  # node 0: the top token at the root
+                )
             return grown.subset(kept)
         if self.builder == "pct":
             return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)

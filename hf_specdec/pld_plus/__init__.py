@@ -10,10 +10,11 @@ earlier n-gram match in the context. PLD+ matches only the last token ``x_t`` (e
   over a set of induction heads (found once per model by ``hf-specdec find-heads``, see ``induction_heads.py``).
 
 The draft (§4.3) is the ``K`` tokens after the best occurrence; no occurrence means no draft, so the step is a
-plain decoding step. Verification (§4.4) is transformers' own assisted-decoding loop: greedy keeps the longest
-prefix equal to the target's argmax, sampling samples each position from the target and keeps the prefix equal
-to the draft (exactly the rules of HF prompt lookup), so the output is the target's, token for token
-(greedy) or in distribution (sampling).
+plain decoding step. Verification (§4.4): PLD+(h) runs in the tree core (``core/tree_decoding.py``: one loop at
+every batch size, the sequence kept on the host, ``proposer.py``), PLD+(a) in transformers' own assisted-decoding
+loop (its attention capture). Greedy keeps the longest prefix equal to the target's argmax; sampling accepts a draft
+token with the target's probability of it (a deterministic draft, exactly the rule of HF prompt lookup), so the
+output is the target's, token for token (greedy) or in distribution (sampling).
 
 Names: ``K`` (``pld_num_tokens``) is the number of drafted tokens per step (the papers' gamma); tau is the number
 of tokens produced per target forward; ``l`` (``pld_layer``) indexes ``output_hidden_states`` (0 = embeddings,
