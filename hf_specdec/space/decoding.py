@@ -164,7 +164,9 @@ def space_generate(
     top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
     ``specdec_streamer``: a streamer fed the prompt, then every emitted token (``core/generate_io.py``).
     ``space_cost`` (default True): verify only the candidates that pay for the width they add on this machine's
-    measured cost curve (:func:`candidate_budget`); False: all of them (the paper); a ``CostCurve``: that curve.
+    measured cost curve (:func:`candidate_budget`), and feed the masks only while drafting has been paying
+    (``core/draft_budget.DraftGate``: else plain one-token steps with a probe now and then); False: every mask and
+    candidate, every step (the paper); a ``CostCurve``: that curve.
     """
     t_start = clock(input_ids.device)
     check_generation_mode(generation_config or model.generation_config, "SPACE decoding")
