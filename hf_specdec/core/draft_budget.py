@@ -30,7 +30,7 @@ do not pay on the machine then costs about what ``generate`` costs, plus ``c_d /
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -167,6 +167,16 @@ class DraftGate:
             return False
         self.wait, self.gap = 0, min(2 * self.gap, self.max_gap)
         return True
+
+    @staticmethod
+    def drafted(
+        estimates: Sequence[float], kept: Collection[int], time: float, first: int | None
+    ) -> tuple[float, float, int | None]:
+        """The record :meth:`verified` takes of a step about to be verified: the raw ``estimates`` of its nodes
+        (node 0: the drafter's top token at the root, ``first``), the ``kept`` ones and its modelled cost ``T``."""
+        if kept or first is None:
+            return sum(estimates[i] for i in kept), time, None
+        return estimates[0], time, first
 
     def verified(self, step: tuple[float, float, int | None], new_tokens: list[int], accepted: int) -> None:
         """The outcome of a drafted step ``(predicted, T, first)`` whose verification emitted ``new_tokens``, the

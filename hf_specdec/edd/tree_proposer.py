@@ -119,9 +119,9 @@ class EddTreeProposer(TreeProposer):
         self._t_proposed: float | None = None
         self.state: EddDraftState | None = None
         self.gate: DraftGate | None = None
-        # the drafted step being verified, for the gate: (estimates' sum, T, None), or (p_1, T, the top token at the
-        # root) when the rule kept no node (DraftGate.verified)
-        self._pending: tuple[float, float, int | None] | None = None
+        self._pending: tuple[float, float, int | None] | None = (
+            None  # DraftGate.drafted: the step being verified
+        )
 
     @torch.no_grad()
     def calibrate(self, model, input_ids: torch.Tensor) -> None:
@@ -199,11 +199,8 @@ class EddTreeProposer(TreeProposer):
             kept = self.budget.keep(scaled, grown.depth, grown.expansions)
             if self.gate is not None:
                 time = self.budget.step_time(len(kept), grown.expansions)
-                self._pending = (
-                    (sum(grown.estimate[i] for i in kept), time, None)
-                    if kept or not len(grown)
-                    else (grown.estimate[0], time, grown.tokens[0])  # node 0: the top token at the root
-                )
+                first = grown.tokens[0] if len(grown) else None  # node 0: the top token at the root
+                self._pending = DraftGate.drafted(grown.estimate, kept, time, first)
             return grown.subset(kept)
         if self.builder == "pct":
             return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)

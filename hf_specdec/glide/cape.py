@@ -175,9 +175,9 @@ class CapeProposer(TreeProposer):
             gate  # the gate kept across generations (glide_cape's measured costs), else one per generation
         )
         self.gate: DraftGate | None = None
-        # the drafted step being verified, for the gate: (estimates' sum, T, None), or (p_1, T, the top token at the
-        # root) when the rule kept no node (DraftGate.verified)
-        self._pending: tuple[float, float, int | None] | None = None
+        self._pending: tuple[float, float, int | None] | None = (
+            None  # DraftGate.drafted: the step being verified
+        )
 
     def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
         if self.drafter.target is not model:
@@ -249,11 +249,7 @@ class CapeProposer(TreeProposer):
             kept = set(self.budget.keep([min(e * scale, 1.0) for e in estimates], depth, len(proposal)))
             if self.gate is not None:
                 time = self.budget.step_time(len(kept), len(proposal))
-                self._pending = (
-                    (sum(estimates[node] for node in kept), time, None)
-                    if kept
-                    else (self.last_confidences[0], time, proposal[0])
-                )
+                self._pending = DraftGate.drafted(estimates, kept, time, proposal[0])
             # the kept proposal tokens are a prefix of the chain (estimates fall along it); the kept expansion
             # tokens hang below kept proposal tokens only (the kept set is a tree)
             chain = sum(1 for node in kept if node < len(proposal))
