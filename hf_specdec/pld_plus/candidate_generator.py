@@ -110,6 +110,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         # the sequence on the host: the occurrences, the drafts and every check read it, not the device; it grows by
         # the tokens the loop emitted (the tree core hands them over, ``extend``; else read from input_ids once a step)
         self.tokens: list[int] = []
+        self._where: dict[
+            int, list[int]
+        ] = {}  # token -> its positions in ``tokens`` (eq. 1's lookup, kept as it grows)
         self.last_draft: list[int] = []  # the tokens the last get_candidates drafted (host list)
         self._eos = set() if eos_token_id is None else set(eos_token_id.reshape(-1).tolist())  # read once
         self.steps = 0  # drafting opportunities (calls after the prefill)
@@ -142,22 +145,24 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
 
     def extend(self, tokens: list[int]) -> None:
         """The tokens the loop emitted since the last call (the tree core passes ``StepFeedback.new_tokens``)."""
+        for position, token in enumerate(tokens, start=len(self.tokens)):
+            self._where.setdefault(token, []).append(position)
         self.tokens += tokens
 
     def _sync(self, input_ids: torch.Tensor) -> list[int]:
         """The host sequence, brought up to ``input_ids`` (one read of the tokens it lacks, if any)."""
         n = input_ids.shape[1]
         if len(self.tokens) > n:  # not this generation's sequence: read it whole
-            self.tokens = []
+            self.tokens, self._where = [], {}
         if len(self.tokens) < n:
-            self.tokens += input_ids[0, len(self.tokens) :].tolist()
+            self.extend(input_ids[0, len(self.tokens) :].tolist())
         return self.tokens
 
     def _rank(self, tokens: list[int]) -> tuple[int | None, float]:
-        """Eq. 1 on the host list (positions ``j < t`` holding ``x_t``), ranked on the device in one read."""
-        n, last = len(tokens), tokens[-1]
+        """Eq. 1 from the host index (positions ``j < t`` holding ``x_t``), ranked on the device in one read."""
+        n = len(tokens)
         first = 1 if self.variant == "hidden" else 0  # j = 0 has no H_{j-1}
-        occ = [j for j in range(first, n - 1) if tokens[j] == last]
+        occ = [j for j in self._where[tokens[-1]] if first <= j < n - 1]
         if not occ:
             return None, float("-inf")
         device = self._states.device if self.variant == "hidden" else self._rows[0].device

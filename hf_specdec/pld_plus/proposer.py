@@ -39,9 +39,7 @@ class PLDPlusProposer(TreeProposer):
 
     def start(self, model, input_ids, generation_config) -> None:
         self.generator = self.make_generator()
-        self.generator.tokens = input_ids[
-            0
-        ].tolist()  # the prompt, read once; then the tokens each step emits
+        self.generator.extend(input_ids[0].tolist())  # the prompt, read once; then the tokens each step emits
         self._outputs = None
         self.hidden_layers = (self.generator.layer,)  # the layer PLD+(h) ranks by: the only one read
 
