@@ -30,7 +30,7 @@ do not pay on the machine then costs about what ``generate`` costs, plus ``c_d /
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -72,6 +72,26 @@ class DraftBudget:
             kept.append(i)
             gain, time = gain + estimates[i], time + step
         return sorted(kept)
+
+    def keep_checked(
+        self,
+        gate: DraftGate | None,
+        estimates: Sequence[float],
+        depths: Sequence[int],
+        forwards: int,
+        first: int | None,
+    ) -> tuple[list[int], tuple[float, float, int | None] | None]:
+        """:meth:`keep` on the estimates scaled by ``gate`` (capped at 1), and the record of the step that
+        :meth:`DraftGate.verified` takes after its verification (``None`` without a gate): the kept nodes' raw
+        estimates summed and ``T``, or, when no node is kept, node 0's estimate and ``first``, the drafter's top token
+        at the root (scored for free)."""
+        if gate is None:
+            return self.keep(estimates, depths, forwards), None
+        kept = self.keep([min(e * gate.scale, 1.0) for e in estimates], depths, forwards)
+        time = self.step_time(len(kept), forwards)
+        if kept or first is None:
+            return kept, (sum(estimates[i] for i in kept), time, None)
+        return kept, (estimates[0], time, first)
 
 
 def measured_drafter_cost(drafter, target) -> float:
@@ -167,16 +187,6 @@ class DraftGate:
             return False
         self.wait, self.gap = 0, min(2 * self.gap, self.max_gap)
         return True
-
-    @staticmethod
-    def drafted(
-        estimates: Sequence[float], kept: Collection[int], time: float, first: int | None
-    ) -> tuple[float, float, int | None]:
-        """The record :meth:`verified` takes of a step about to be verified: the raw ``estimates`` of its nodes
-        (node 0: the drafter's top token at the root, ``first``), the ``kept`` ones and its modelled cost ``T``."""
-        if kept or first is None:
-            return sum(estimates[i] for i in kept), time, None
-        return estimates[0], time, first
 
     def verified(self, step: tuple[float, float, int | None], new_tokens: list[int], accepted: int) -> None:
         """The outcome of a drafted step ``(predicted, T, first)`` whose verification emitted ``new_tokens``, the

@@ -119,9 +119,7 @@ class EddTreeProposer(TreeProposer):
         self._t_proposed: float | None = None
         self.state: EddDraftState | None = None
         self.gate: DraftGate | None = None
-        self._pending: tuple[float, float, int | None] | None = (
-            None  # DraftGate.drafted: the step being verified
-        )
+        self._pending: tuple[float, float, int | None] | None = None  # DraftBudget.keep_checked's record
 
     @torch.no_grad()
     def calibrate(self, model, input_ids: torch.Tensor) -> None:
@@ -195,12 +193,10 @@ class EddTreeProposer(TreeProposer):
             scale = 1.0 if self.gate is None else self.gate.scale
             threshold = (self.budget.drafter_cost + self.budget.marginal(1)) / max(scale, 1e-6)
             grown = grow_pct(expander, threshold, self.width, depth, self.removal_threshold)
-            scaled = [min(e * scale, 1.0) for e in grown.estimate]
-            kept = self.budget.keep(scaled, grown.depth, grown.expansions)
-            if self.gate is not None:
-                time = self.budget.step_time(len(kept), grown.expansions)
-                first = grown.tokens[0] if len(grown) else None  # node 0: the top token at the root
-                self._pending = DraftGate.drafted(grown.estimate, kept, time, first)
+            first = grown.tokens[0] if len(grown) else None  # node 0: the top token at the root
+            kept, self._pending = self.budget.keep_checked(
+                self.gate, grown.estimate, grown.depth, grown.expansions, first
+            )
             return grown.subset(kept)
         if self.builder == "pct":
             return grow_pct(expander, self.timer.ratio, self.width, depth, self.removal_threshold)

@@ -175,9 +175,7 @@ class CapeProposer(TreeProposer):
             gate  # the gate kept across generations (glide_cape's measured costs), else one per generation
         )
         self.gate: DraftGate | None = None
-        self._pending: tuple[float, float, int | None] | None = (
-            None  # DraftGate.drafted: the step being verified
-        )
+        self._pending: tuple[float, float, int | None] | None = None  # DraftBudget.keep_checked's record
 
     def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
         if self.drafter.target is not model:
@@ -246,10 +244,10 @@ class CapeProposer(TreeProposer):
                 *(i + 1 for i, siblings in enumerate(expansions) for _ in siblings),
             ]
             estimates = node_estimates(self.last_confidences, sibling_probs)
-            kept = set(self.budget.keep([min(e * scale, 1.0) for e in estimates], depth, len(proposal)))
-            if self.gate is not None:
-                time = self.budget.step_time(len(kept), len(proposal))
-                self._pending = DraftGate.drafted(estimates, kept, time, proposal[0])
+            kept, self._pending = self.budget.keep_checked(
+                self.gate, estimates, depth, len(proposal), proposal[0]
+            )
+            kept = set(kept)
             # the kept proposal tokens are a prefix of the chain (estimates fall along it); the kept expansion
             # tokens hang below kept proposal tokens only (the kept set is a tree)
             chain = sum(1 for node in kept if node < len(proposal))
