@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 import hf_specdec
-from hf_specdec.core import batch_decoding, ragged_cache
+from hf_specdec.core import ragged_cache
 from hf_specdec.core.ragged_cache import RaggedCache
 from hf_specdec.core.stats import DecodeStats, ForwardMeter
 from hf_specdec.core.tree import TokenTree
@@ -159,24 +159,28 @@ def test_a_row_that_ends_early_leaves_the_batch():
     assert stats.steps[-1]["rows"] < len(prompts)  # finished rows stopped costing compute
 
 
-def test_a_batch_of_one_is_todays_path(monkeypatch):
+def test_a_batch_of_one_keeps_its_cache_packed(monkeypatch):
+    """One loop serves every batch size; a batch of one keeps its cache in sequence order (no ragged layout, no
+    holes), so it takes a caller's cache and every ``generate`` output."""
     model = tiny_llama()
     prompt = prompts_of((7,))[0]
     ref = alone(model, prompt, 12)
 
     def refuse(*args, **kwargs):
-        raise AssertionError("batch size 1 must not take the batched loop")
+        raise AssertionError("batch size 1 must not lay its cache out as ragged rows")
 
-    monkeypatch.setattr(batch_decoding, "batched_tree_generate", refuse)
-    monkeypatch.setattr("hf_specdec.core.tree_decoding.batched_tree_generate", refuse)
+    monkeypatch.setattr("hf_specdec.core.tree_decoding.RaggedCache", refuse)
+    stats = DecodeStats()
     out = model.generate(
         prompt[None],
         max_new_tokens=12,
         do_sample=False,
         custom_generate=tree_generate,
         proposer=RowOracle([ref], 0),
+        stats=stats,
     )
     assert out[0].tolist() == ref
+    assert stats.batched_forwards == stats.target_forwards == len(stats.steps) < 12  # drafts were accepted
 
 
 def test_visible_padding_is_caught(monkeypatch):

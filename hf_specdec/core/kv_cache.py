@@ -90,3 +90,53 @@ def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[in
             keys[..., prefix_length : prefix_length + m, :] = keys.index_select(-2, idx)
             values[..., prefix_length : prefix_length + m, :] = values.index_select(-2, idx)
         set_layer_entries(layer, keys[..., : prefix_length + m, :], values[..., : prefix_length + m, :])
+
+
+class PackedCache:
+    """A batch of one in the tree core (``tree_decoding.py``): the cache holds the sequence in order, ``length``
+    entries, no holes. A step feeds ``[root, tree nodes]`` after them and keeps the root and the accepted path
+    (:func:`compact_cache`). The same interface as ``ragged_cache.RaggedCache``, which lays out a batch; this one
+    also takes a caller's cache (``past`` prompt tokens in it already) and sliding-window layers that evict."""
+
+    def __init__(self, cache: Cache, masks, past: int):
+        self.cache, self.masks, self.length, self.fed = cache, masks, past, 0
+        self.evicting = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in _layers(cache))
+
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """The prompt tokens not cached yet, their positions; the model builds its own causal mask."""
+        fed = input_ids[:, self.length :]
+        self.fed = fed.shape[1]
+        return fed, torch.arange(self.length, input_ids.shape[1], device=input_ids.device)[None], None
+
+    def step(self, trees: list, roots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, object]:
+        """``[root, nodes]`` at positions ``length + depth``, with the tree mask after the cached prefix (no mask for
+        an empty tree: a plain one-token step)."""
+        (tree,) = trees
+        fed, positions = tree.flat_tokens(roots[0]), tree.position_ids(self.length)
+        self.fed = fed.shape[1]
+        mask = (
+            self.masks.after_prefix(tree.attention_mask(self.length), positions, self.length)
+            if len(tree)
+            else None
+        )
+        return fed, positions, mask
+
+    def keep_accepted(self, offsets: list[list[int]]) -> None:
+        """Keep the fed tokens at ``offsets[0]`` after the prefix; nothing moves when every fed token stays."""
+        (keep,) = offsets
+        if len(keep) < self.fed:
+            compact_cache(self.cache, self.length, keep)
+        self.length += len(keep)
+
+    def fits(self, fed: int) -> bool:
+        """Whether a tree of ``fed`` tokens can be verified and compacted exactly (:func:`check_tree_support`)."""
+        return not self.evicting or check_tree_support(self.cache, fed)
+
+    def row_view(self, row: int) -> Cache:
+        return self.cache
+
+    def maybe_repack(self) -> None:
+        """No holes to drop."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        raise SpecDecError("a batch of one has no rows to drop")  # its only row finishing ends the loop

@@ -1,6 +1,6 @@
 """The tree proposer interface of the tree core: what drafts a token tree each step (:class:`TreeProposer`) and what it
 learns after every target forward (:class:`StepFeedback`). Every tree method implements it (GLIDE + CAPE, EDD trees,
-PLD+ on a batch, n-gram lookup); ``tree_decoding.tree_generate`` and ``batch_decoding`` drive it."""
+PLD+ on a batch, n-gram lookup); ``tree_decoding.tree_generate`` drives it at every batch size."""
 
 from __future__ import annotations
 

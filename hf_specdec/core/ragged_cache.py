@@ -31,9 +31,10 @@ REPACK_FRACTION = 0.25  # repack when more than this fraction of the cache's ent
 
 
 class RaggedCache:
-    """A batch's KV cache with per-row validity. ``valid``: ``(B, S)`` bool, ``S`` = the cache's length."""
+    """A batch's KV cache with per-row validity. ``valid``: ``(B, S)`` bool, ``S`` = the cache's length. ``masks``
+    (a ``sliding_window.LayerMasks``) turns the boolean masks into the model's when the tree core drives it."""
 
-    def __init__(self, cache: Cache):
+    def __init__(self, cache: Cache, masks=None):
         for i, layer in enumerate(getattr(cache, "layers", None) or []):
             if type(layer) is not DynamicLayer:
                 raise SpecDecError(
@@ -45,8 +46,43 @@ class RaggedCache:
             raise SpecDecError(
                 "batched speculative decoding starts from an empty cache; do not pass past_key_values"
             )
-        self.cache = cache
+        self.cache, self.masks = cache, masks
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=cache_device(cache))
+        self.fresh = False  # the last forward was the prefill: the cache holds the prompt as fed
+
+    # ------------------------------------------------------------------ the tree core's layout (tree_decoding.py)
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The prefill's ``fed``, position ids and masks (``masks``: a ``sliding_window.LayerMasks``)."""
+        positions, allowed = self.prefill_inputs(attention_mask)
+        self.fresh = True
+        return input_ids, positions, self.masks(allowed, positions, positions)
+
+    def step(self, trees: list[TokenTree], roots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A tree step's ``fed``, position ids and masks (:meth:`tree_inputs`)."""
+        fed, positions, allowed = self.tree_inputs(trees, roots)
+        keys = torch.cat([self.entry_positions(), positions], dim=1)
+        return fed, positions, self.masks(allowed, positions, keys)
+
+    def keep_accepted(self, offsets: list[list[int]]) -> None:
+        """After any forward: :meth:`keep` (the prefill keeps its prompt as fed, holes for the padding)."""
+        if self.fresh:
+            self.fresh = False
+        else:
+            self.keep(offsets)
+
+    def maybe_repack(self) -> None:
+        """:meth:`repack` when holes exceed :data:`REPACK_FRACTION` of the cache."""
+        if self.holes() > REPACK_FRACTION:
+            self.repack()
+
+    def fits(self, fed: int) -> bool:
+        """Every layer here keeps its entries (``__init__``), so any tree can be verified."""
+        return True
+
+    @property
+    def length(self) -> int:
+        """The cache's entries per row, holes included."""
+        return self.valid.shape[1]
 
     def entry_positions(self) -> torch.Tensor:
         """``(B, S)``: each cache entry's position (its row's real tokens before it; a hole gets its predecessor's)."""

@@ -6,28 +6,31 @@ Usage::
     out = target.generate(**inputs, custom_generate=tree_generate, proposer=my_proposer, stats=DecodeStats())
 
 Each step: the proposer drafts a :class:`~hf_specdec.core.tree.TokenTree` below the last committed token (the
-root); ONE target forward verifies ``[root, nodes...]`` with tree positions and a tree mask
-(``tree.py``); ``acceptance.py`` picks the accepted path plus one target token (greedy or lossless
-sampling); ``kv_cache.py`` compacts the cache to that path. tau (tokens per target forward) is
-``1 + accepted`` per step. The prefill is the same verification with the prompt fed and no tree below its last
-token. Decoder-only models, ``sdpa`` or ``eager`` attention. A left-padded batch (with its ``attention_mask``) runs
-in ``batch_decoding.py``: every row drafts, is verified in one forward and accepts on its own. Pass a streamer as
-``specdec_streamer=`` (``generate`` does not forward its own ``streamer=`` to a ``custom_generate`` callable;
-``generate_io.py``).
+root); ONE target forward verifies ``[root, nodes...]`` with tree positions and a tree mask (``tree.py``);
+``acceptance.py`` picks the accepted path plus one target token (greedy or lossless sampling); the cache keeps that
+path. tau (tokens per target forward) is ``1 + accepted`` per step. The prefill is the same verification with the
+prompt fed and no tree below its last token. Decoder-only models, ``sdpa`` or ``eager`` attention.
+
+One loop (:func:`_decode`) serves every batch size: a batch of one is a batch whose only row keeps its cache in
+sequence order (``kv_cache.PackedCache``: compaction by one gather per layer, a caller's cache and its sliding-window
+layers, every ``generate`` output); a left-padded batch (with its ``attention_mask``) keeps ragged rows
+(``ragged_cache.RaggedCache``), each row drafting, being verified in the same forward and accepting on its own
+(``batch_decoding.py``: the batch's checks, depth cut and output layout). Pass a streamer as ``specdec_streamer=``
+(``generate`` does not forward its own ``streamer=`` to a ``custom_generate`` callable; ``generate_io.py``).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.cache_utils import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
 from .acceptance import accept_tree
-from .batch_decoding import batched_tree_generate
+from .batch_decoding import assemble, best_depth, check_batch, check_left_padded
 from .generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
@@ -40,8 +43,9 @@ from .generate_io import (
     resolve_streamer,
     stopping_criteria_or_default,
 )
-from .kv_cache import check_tree_support, compact_cache
+from .kv_cache import PackedCache
 from .proposer import StepFeedback, TreeProposer
+from .ragged_cache import RaggedCache
 from .sliding_window import LayerMasks, verification_cache
 from .stats import DecodeStats
 from .timing import clock, untimed
@@ -78,10 +82,10 @@ def tree_generate(
 
     Returns what ``generate`` returns (``sequences`` tensor, or a ``GenerateDecoderOnlyOutput`` with
     ``return_dict_in_generate=True``: scores / logits / hidden_states / attentions one entry per new token,
-    as ``_sample`` does). ``stats``, if given, is filled with per-step numbers (``DecodeStats.steps``).
-    ``tree_streamer`` is the deprecated name of ``specdec_streamer``. ``batch_cost``: a batch's verification cost
-    curve (``verify_cost.measured_cost(..., batch=B)``); with it the trees of a batch are cut to the depth that pays
-    for the whole batch (``batch_decoding.best_depth``).
+    as ``_sample`` does, at batch size 1). ``stats``, if given, is filled with per-step numbers
+    (``DecodeStats.steps``). ``tree_streamer`` is the deprecated name of ``specdec_streamer``. ``batch_cost``: a
+    batch's verification cost curve (``verify_cost.measured_cost(..., batch=B)``); with it the trees of a batch are
+    cut to the depth that pays for the whole batch (``batch_decoding.best_depth``).
     """
     device = input_ids.device  # the model's (check_inputs); timed regions wait for it (core/timing.py)
     tick = clock if stats is not None else untimed  # no device sync for timings nobody asked for
@@ -90,160 +94,207 @@ def tree_generate(
         raise SpecDecError(
             "tree_generate needs a proposer: generate(..., custom_generate=tree_generate, proposer=...)"
         )
-    check_generation_mode(generation_config or model.generation_config, "tree decoding")
+    cfg = generation_config or model.generation_config
+    check_generation_mode(cfg, "tree decoding")
     check_inputs(model, input_ids, model_kwargs, synced_gpus, "tree decoding", batch=True)
     if model_kwargs.get("use_cache") is False:
         raise SpecDecError("tree decoding needs the KV cache; do not pass use_cache=False")
-    cfg = generation_config or model.generation_config
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria_or_default(stopping_criteria, cfg)
-    if input_ids.shape[0] > 1:  # a batch: every row on its own (core/batch_decoding.py)
+    stats = stats if stats is not None else DecodeStats()
+    masks = LayerMasks(model)  # the masks per layer type (sliding windows)
+    # a batch of one keeps the sequence in order in its cache (kv_cache.PackedCache)
+    if input_ids.shape[0] == 1:
+        streamer = resolve_streamer(input_ids, streamer, specdec_streamer, tree_streamer=tree_streamer)
+        cache, past = prepare_cache(model, input_ids, model_kwargs)
+        layout, pads = PackedCache(cache, masks, past), [0]
+        inputs = layout.prefill(input_ids)
+    else:  # left-padded rows that accept their own counts (ragged_cache.RaggedCache, batch_decoding.py)
         if specdec_streamer is not None or tree_streamer is not None:
             streamer = specdec_streamer if specdec_streamer is not None else tree_streamer
-        cache = verification_cache(model, model_kwargs.get("past_key_values"))
-        sequences = batched_tree_generate(
-            model,
-            input_ids,
-            model_kwargs.get("attention_mask"),
-            logits_processor,
-            stopping_criteria,
-            cfg,
-            proposer,
-            stats if stats is not None else DecodeStats(),
-            cache,
-            streamer,
-            batch_cost=batch_cost,
+        check_batch(cfg, proposer, streamer)
+        mask = check_left_padded(
+            input_ids, model_kwargs.get("attention_mask"), "batched speculative decoding", cfg.pad_token_id
         )
-        if cfg.return_dict_in_generate:
-            return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)
-        return sequences
-    streamer = resolve_streamer(input_ids, streamer, specdec_streamer, tree_streamer=tree_streamer)
-    stats = stats if stats is not None else DecodeStats()
-    stop = StopRule(stopping_criteria)
-    do_sample = bool(cfg.do_sample)
+        layout = RaggedCache(verification_cache(model, model_kwargs.get("past_key_values")), masks)
+        inputs, pads = layout.prefill(input_ids, mask), (mask == 0).sum(1).tolist()
+    t0 = tick(device)
+    proposer.start(model, input_ids[:1, pads[0] :], cfg)  # a batch: one-time set-up (calibration...) on it
+    rows = [_Row(0, input_ids, 0, proposer)]
+    if len(pads) > 1:  # every row drafts with a shallow copy of the proposer, started on its own row
+        rows = [_Row(b, input_ids[b : b + 1], pads[b], copy.copy(proposer)) for b in range(len(pads))]
+        for row in rows:
+            row.proposer.start(model, row.tokens, cfg)
+    stats.draft_time += tick(device) - t0
     outputs = GenerateOutputs(cfg)
+    finished = _decode(
+        model,
+        rows,
+        layout,
+        inputs,
+        cfg,
+        logits_processor,
+        StopRule(stopping_criteria),
+        outputs,
+        stats,
+        streamer,
+        tick,
+        batch_cost,
+    )
+    finish(stats, streamer, t_start, device, tick)
+    if len(rows) == 1:
+        return outputs.result(finished[0], layout.cache)
+    sequences = assemble(input_ids, finished, cfg)
+    return GenerateDecoderOnlyOutput(sequences=sequences) if cfg.return_dict_in_generate else sequences
+
+
+class _Row:
+    """One row of the batch: its ids ``(1, P + new)`` with ``pad`` left padding, its proposer, its tree this step."""
+
+    def __init__(self, index: int, ids: torch.Tensor, pad: int, proposer: TreeProposer):
+        self.index, self.ids, self.pad, self.proposer = index, ids, pad, proposer
+        self.tree = TokenTree.empty(ids.device)  # the prefill verifies no tree
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The row without its padding, ``(1, L)``: what the proposer and the row alone see."""
+        return self.ids[:, self.pad :]
+
+
+def _decode(
+    model, rows, layout, inputs, cfg, logits_processor, stop, outputs, stats, streamer, tick, batch_cost
+):
+    """The loop, for every batch size: ONE target forward verifies every row's ``[root, tree]``; each row accepts on
+    its own logits; ``layout`` keeps each row's accepted path in the cache; a finished row leaves the batch; the
+    rest observe and propose the next trees. Returns each row's final ids by row index."""
+    device = rows[0].ids.device
+    proposer, one = rows[0].proposer, len(rows) == 1
     need_hidden = outputs.hidden_states is not None or proposer.needs_hidden_states
     # the layers whose hidden states are gathered to the accepted rows: all for the output, else the proposer's
-    hidden_layers = None if outputs.hidden_states is not None else proposer.hidden_layers
+    layers = None if outputs.hidden_states is not None else proposer.hidden_layers
     need_attn = outputs.attentions is not None or proposer.needs_attentions
-    cache, past = prepare_cache(model, input_ids, model_kwargs)
-    masks = LayerMasks(model)  # the tree mask per layer type (sliding windows)
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
-
-    t0 = tick(device)
-    proposer.start(model, input_ids, cfg)
-    stats.draft_time += tick(device) - t0
-
-    # The prefill is the first verification: the prompt tokens not in the cache yet, no tree below the last one.
-    prefix, tree, draft_s, warned, is_prefill = past, TokenTree.empty(input_ids.device), 0.0, False, True
-    fed = input_ids[:, past:]
-    positions = torch.arange(past, input_ids.shape[1], device=input_ids.device)[None]
-    mask = None
+    do_sample, warned, finished = bool(cfg.do_sample), False, {}
+    fed, positions, mask = inputs  # the prefill's
+    roots_at, is_prefill, draft_s = [fed.shape[1] - 1] * len(rows), True, 0.0
     while True:
-        n = len(tree)
+        prefix = layout.length  # cached entries before this forward (a batch of one: its compacted sequence)
         t0 = tick(device)
         out = model(
             input_ids=fed,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=cache,
+            past_key_values=layout.cache,
             use_cache=True,
             output_hidden_states=need_hidden,
             output_attentions=need_attn,
             return_dict=True,
-            **logits_to_keep(model, 1 + n),
+            **logits_to_keep(model, fed.shape[1] - min(roots_at)),
         )
         verify_s = tick(device) - t0
-        logits = out.logits[0, -(1 + n) :].to(torch.float32)  # row 0: the root (the prompt's last token)
-        tree.check_vocab(logits.shape[-1])
-        acc = accept_tree(tree, logits, input_ids, logits_processor, do_sample)
-        before = input_ids.shape[1]
-        input_ids, finished = stop.append(input_ids, acc.tokens)
-        m = input_ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
-        # fed rows that stay in the sequence: the ones before the root (prefill), the root, the accepted nodes
-        root = fed.shape[1] - 1 - n
-        kept = [*range(root + 1), *(root + 1 + c for c in acc.nodes[: m - 1])]
-        if n:
-            compact_cache(cache, prefix, kept)
-        if outputs.scores is not None or outputs.logits is not None:
-            outputs.add(acc.scores[:m], logits[[k - root for k in kept[-m:]]])
-        keep = torch.tensor(kept, dtype=torch.long, device=device) if need_hidden or need_attn else None
-        hidden = _gather_hidden(out.hidden_states, keep, hidden_layers) if need_hidden else None
-        attn = _gather_attentions(out.attentions, prefix, keep) if need_attn else None
-        _add_states(outputs, hidden, attn, prefix, len(kept), m)
-        del out
-        if streamer is not None:
-            streamer.put(input_ids[0, -m:].cpu())
-        stats.target_forwards += 1
-        stats.drafted += n
-        stats.accepted += m - 1
+        logits = out.logits.to(torch.float32)
+        first = fed.shape[1] - logits.shape[1]  # fed index of logits row 0
+        kept_rows, results = [], []
+        record = dict(rows=len(rows), fed=fed.shape[1], nodes=0, depth=0, accepted=0)  # stats.steps' entry
+        for i, row in enumerate(rows):
+            n, r = len(row.tree), roots_at[i]
+            row_logits = logits[i, r - first : r - first + 1 + n]
+            row.tree.check_vocab(row_logits.shape[-1])
+            acc = accept_tree(row.tree, row_logits, row.ids, logits_processor, do_sample)
+            before = row.ids.shape[1]
+            row.ids, done = stop.append(row.ids, acc.tokens)
+            m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
+            # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
+            kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
+            kept_rows.append(kept)
+            results.append((acc, m, done or row.ids.shape[1] >= max_length, kept))
+            if outputs.scores is not None or outputs.logits is not None:
+                outputs.add(acc.scores[:m], row_logits[[k - r for k in kept[-m:]]])
+            if streamer is not None:
+                streamer.put(row.ids[0, -m:].cpu())
+            record["nodes"] += n
+            record["depth"] = max(record["depth"], row.tree.max_depth)
+            record["accepted"] += m - 1
+        layout.keep_accepted(kept_rows)
+        emitted = sum(m for _, m, _, _ in results)
+        stats.target_forwards += len(rows)
+        stats.batched_forwards += 1
+        stats.drafted += record["nodes"]
+        stats.accepted += record["accepted"]
         stats.verify_time += verify_s
         stats.draft_time += draft_s
-        feedback = StepFeedback(
-            input_ids,
-            acc.tokens[:m],
-            m - 1,
-            acc.nodes[: m - 1],
-            None if is_prefill else tree,
-            cache,
-            hidden,
-            attn,
-            is_prefill,
-        )
-        draft_s += _observe(proposer, stats, feedback, device, tick)
-        stats.steps.append(
-            dict(
-                nodes=n,
-                depth=tree.max_depth,
-                accepted=m - 1,
-                new_tokens=m,
-                draft_s=draft_s,
-                verify_s=verify_s,
+        stats.steps.append(dict(record, new_tokens=emitted, draft_s=draft_s, verify_s=verify_s))
+
+        t0 = tick(device)
+        survivors, feedback = [], []
+        for i, (row, (acc, m, done, kept)) in enumerate(zip(rows, results)):
+            real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
+            keep = torch.tensor(real, dtype=torch.long, device=device) if need_hidden or need_attn else None
+            hidden = _gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
+            attn = _gather_attentions(out.attentions, prefix, keep) if need_attn else None
+            if one:
+                _add_states(outputs, hidden, attn, prefix, len(kept), m)
+            tree = None if is_prefill else row.tree
+            fb = StepFeedback(
+                row.tokens, acc.tokens[:m], m - 1, acc.nodes[: m - 1], tree, None, hidden, attn, is_prefill
             )
-        )
-        if finished:
-            break
-
-        prefix = input_ids.shape[1] - 1  # == cache length: the root is not cached yet
-        tree, draft_s, warned = _propose(proposer, input_ids, max_length, cache, warned, tick)
+            if done:  # a finished row still observes its last forward (its cache view: before rows leave)
+                finished[row.index] = row.ids
+                fb.past_key_values = layout.row_view(i)
+                row.proposer.observe(fb)
+            else:  # its cache view is taken after the rows that finished have left
+                survivors.append(i)
+                feedback.append((row, fb))
+        del out
+        if not survivors:
+            stats.draft_time += tick(device) - t0
+            return finished
+        if len(survivors) < len(rows):
+            layout.select_rows(torch.tensor(survivors, device=device))
+            rows = [rows[i] for i in survivors]
+        layout.maybe_repack()
+        for j, (row, fb) in enumerate(feedback):
+            fb.past_key_values = layout.row_view(j)
+            row.proposer.observe(fb)
+            row.tree, warned = _propose(row.proposer, row.tokens, max_length, layout, warned)
+        if batch_cost is not None and len(rows) > 1:
+            depth = best_depth([row.proposer for row in rows], [row.tree for row in rows], batch_cost)
+            if depth is not None:
+                for row in rows:
+                    row.tree = row.tree.truncate_depth(depth)
+        draft_s = tick(device) - t0
         is_prefill = False
-        fed, positions = tree.flat_tokens(input_ids[0, -1]), tree.position_ids(prefix)
-        mask = masks.after_prefix(tree.attention_mask(prefix), positions, prefix) if len(tree) else None
+        fed, positions, mask = layout.step(
+            [row.tree for row in rows], torch.cat([r.ids[:, -1] for r in rows])
+        )
+        roots_at = [0] * len(rows)
 
-    finish(stats, streamer, t_start, device, tick)
-    return outputs.result(input_ids, cache)
 
-
-def _gather_hidden(hidden_states, keep: torch.Tensor, layers) -> tuple:
-    """The hidden states of the kept fed rows, per layer; only ``layers`` (``None``: every layer) are gathered, the
-    others are ``None`` (a drafter reads one layer: gathering all of them every step is wasted work)."""
+def _gather_hidden(hidden_states, row: int, keep: torch.Tensor, layers) -> tuple:
+    """Batch row ``row``'s hidden states at the kept fed rows, per layer; only ``layers`` (``None``: every layer) are
+    gathered, the others are ``None`` (a drafter reads one layer: gathering all of them every step is wasted work)."""
     return tuple(
-        h[:, keep.to(h.device)] if layers is None or i in layers else None
+        h[row : row + 1].index_select(1, keep.to(h.device)) if layers is None or i in layers else None
         for i, h in enumerate(hidden_states)
     )
 
 
-def _propose(
-    proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, cache: Cache, warned: bool, tick=clock
-):
-    """The proposer's tree for the next step (cut to the length budget; empty near a sliding window), the seconds
-    it took, and whether the sliding-window warning has been given."""
+def _propose(proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, layout, warned: bool):
+    """The proposer's tree for the next step (cut to the length budget; empty where ``layout`` cannot verify it: a
+    caller's cache near its sliding window) and whether the sliding-window warning has been given."""
     budget = max_length - input_ids.shape[1] - 1
-    t0 = tick(input_ids.device)
-    tree = proposer.propose(input_ids, budget)
-    draft_s = tick(input_ids.device) - t0
-    tree = tree.truncate_depth(max(budget, 0))
+    tree = proposer.propose(input_ids, budget).truncate_depth(max(budget, 0))
     if tree.device != input_ids.device:
         raise SpecDecError(
             f"{type(proposer).__name__} proposed a tree on {tree.device}, the input is on {input_ids.device}; "
             "build the tree on input_ids.device"
         )
-    if len(tree) and not check_tree_support(cache, 1 + len(tree)):
+    if len(tree) and not layout.fits(1 + len(tree)):
         if not warned:
             logger.warning("a sliding-window cache layer is near its window: verifying without the tree")
             warned = True
         tree = TokenTree.empty(input_ids.device)
-    return tree, draft_s, warned
+    return tree, warned
 
 
 def _add_states(outputs: GenerateOutputs, hidden, attn, prefix: int, kept: int, m: int) -> None:
@@ -256,13 +307,3 @@ def _add_states(outputs: GenerateOutputs, hidden, attn, prefix: int, kept: int, 
             outputs.hidden_states.append(tuple(h[:, lo:hi] for h in hidden))
         if outputs.attentions is not None:
             outputs.attentions.append(tuple(a[:, :, lo:hi, : prefix + hi] for a in attn))
-
-
-def _observe(
-    proposer: TreeProposer, stats: DecodeStats, feedback: StepFeedback, device: torch.device, tick=clock
-) -> float:
-    t0 = tick(device)
-    proposer.observe(feedback)
-    dt = tick(device) - t0
-    stats.draft_time += dt
-    return dt

@@ -1,7 +1,7 @@
 """PLD+(h) drafting as a tree-core ``TreeProposer`` (a chain): how ``hf_specdec.pld_plus`` runs PLD+(h), at batch 1
 and on a batch (issues #17, #31).
 
-The tree core is one decoding loop for every batch size (``core/tree_decoding.py``, ``core/batch_decoding.py``), and
+The tree core is one decoding loop for every batch size (``core/tree_decoding.py``), and
 it reads the device less than transformers' assisted loop (about 1.7 reads a step against 4.3). PLD+(a) and a bare
 :class:`PLDPlusCandidateGenerator` (``assistant_model``-style use) still run transformers' assisted loop. Each
 proposer wraps its own candidate generator and replays the assisted loop's calls on it: ``propose`` is
