@@ -42,7 +42,7 @@ def _pair(kind: str):
 @pytest.mark.parametrize("pays", [True, False])
 def test_chains_draft_what_pays_and_stay_lossless(monkeypatch, kind, pays):
     """Verifying free and drafting free: every chain is gamma long. Each verified token costing a whole forward and
-    a drafter forward two: a confident first draft is kept (p * 3 >= 1) but never a second drafter forward."""
+    a drafter forward two: a confident first draft may be kept (p * 3 >= 1) but never a second drafter forward."""
     curve, c_d = (CostCurve({1: 1.0, 2: 1.0}), 0.0) if pays else (CostCurve.linear(1.0), 2.0)
     monkeypatch.setattr(chain_drafting, "measured_cost", lambda *a, **k: curve)
     monkeypatch.setattr(chain_drafting, "measured_drafter_cost", lambda *a, **k: c_d)
@@ -62,5 +62,41 @@ def test_chains_draft_what_pays_and_stay_lossless(monkeypatch, kind, pays):
     out = target.generate(ids, assistant_model=drafter, **kw)
     assert torch.equal(out, target.generate(ids, **kw))
     drafted = [n for n in lengths if n]
-    assert drafted, "no step drafted anything"
-    assert max(drafted) == 4 if pays else max(drafted) == 1, lengths
+    if pays:
+        assert drafted and max(drafted) == 4, lengths
+    else:  # at most the first token; the gate may stop even that once a kept draft was rejected (next test)
+        assert max(drafted, default=0) <= 1, lengths
+
+
+@pytest.mark.parametrize("kind", ["glide", "edd"])
+def test_chains_stop_drafting_where_their_drafts_do_not_pay(monkeypatch, kind):
+    """The chains answer to the DraftGate too (``chain_drafting.chain_start``): a random drafter whose forward costs
+    half a target forward runs only on probes after a few steps (the drafter idle, no candidate: a plain step), with
+    probes still coming late in the generation; free drafting drafts every step. The output is plain greedy's."""
+    target, drafter = _pair(kind)
+    generator_class = type(drafter.make_candidate_generator(target, target.generation_config, None))
+    ran, original = [], generator_class.get_candidates
+
+    def spy(self, input_ids, **kw):
+        out = original(self, input_ids, **kw)
+        ran.append(self.pending is not None)  # the step drafted (its record waits for the verification)
+        return out
+
+    monkeypatch.setattr(generator_class, "get_candidates", spy)
+    ids = torch.tensor([[5, 17, 33, 8, 61, 12, 40, 5, 17, 33]])
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref = target.generate(ids, **kw)
+    runs = {}
+    for name, curve, c_d in (
+        ("dear", CostCurve.linear(0.5), 0.5),
+        ("free", CostCurve({1: 1.0, 2: 1.0}), 0.0),
+    ):
+        monkeypatch.setattr(chain_drafting, "measured_cost", lambda *a, curve=curve, **k: curve)
+        monkeypatch.setattr(chain_drafting, "measured_drafter_cost", lambda *a, c_d=c_d, **k: c_d)
+        drafter.__dict__.pop("_hf_specdec_draft_gates", None)  # a fresh gate for each cost model
+        ran.clear()
+        assert torch.equal(target.generate(ids, assistant_model=drafter, **kw), ref), name
+        runs[name] = list(ran)
+    steps = runs["dear"][2:]  # GLIDE's first round is the target's prefill
+    assert sum(steps) <= len(steps) // 3 and any(steps[len(steps) // 2 :]), runs["dear"]
+    assert all(runs["free"][2:-1]), runs["free"]

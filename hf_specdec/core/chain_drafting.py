@@ -11,7 +11,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList, MinLengthLogitsProcessor
 
-from .draft_budget import ChainSizer, DraftBudget, measured_drafter_cost
+from .draft_budget import ChainSizer, DraftBudget, measured_drafter_cost, shared_gate
 from .generate_io import eos_token_ids
 from .verify_cost import measured_cost
 
@@ -44,6 +44,10 @@ def init_chain_drafting(
         p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
     )
     generator.sizer = ChainSizer(None)
+    generator.gate, generator.pending = (
+        None,
+        None,
+    )  # with measured costs: the DraftGate and the step it waits on
     generator.size_drafts = bool(getattr(drafter, "chain_cost", False)) and target is not None
     generator.confidence_temperature = float(getattr(drafter.config, "confidence_temperature", 1.0) or 1.0)
 
@@ -52,10 +56,42 @@ def chain_budget(
     generator: CandidateGenerator, drafter: PreTrainedModel, target: PreTrainedModel, ids
 ) -> None:
     """On the generator's first step: its :class:`ChainSizer` on the measured ``c(q)`` (``ids``: a context to time
-    it on) and ``c_d`` of this machine (both cached per model, dtype, device and threads)."""
+    it on) and ``c_d`` of this machine (both cached per model, dtype, device and threads), and the
+    :class:`~hf_specdec.core.draft_budget.DraftGate` kept on the drafter for them (``shared_gate``)."""
     if generator.size_drafts and generator.sizer.budget is None:
         budget = DraftBudget(measured_cost(target, ids[0]), measured_drafter_cost(drafter, target))
         generator.sizer = ChainSizer(budget)
+        generator.gate = shared_gate(drafter, target)
+
+
+def chain_start(generator: CandidateGenerator) -> bool:
+    """A step's start, after :func:`chain_budget`: ``False`` when the gate keeps the drafter idle this step (the
+    drafted steps have not paid; the assisted loop then verifies no candidate, a plain step), else the sizer starts
+    on the gate's corrected estimates."""
+    generator.pending = None
+    gate = generator.gate
+    if gate is not None and not gate.draft_now():
+        return False
+    generator.sizer.start(1.0 if gate is None else gate.scale)
+    return True
+
+
+def chain_drafted(generator: CandidateGenerator, first_token: int | None) -> None:
+    """The drafted step's record, fed to the gate by :func:`chain_verified` (``first_token``: the first token the
+    drafter proposed, kept or not)."""
+    if generator.gate is not None:
+        generator.pending = generator.sizer.record(first_token)
+
+
+def chain_verified(generator: CandidateGenerator, input_ids: torch.Tensor, num_matches: int) -> None:
+    """``update_candidate_strategy``'s part: the last drafted step's outcome to the gate. ``input_ids`` ends with the
+    ``num_matches + 1`` tokens the verification emitted; the first of them is read (one host read) only when the step
+    kept no draft and its first token is scored for free."""
+    record, generator.pending = generator.pending, None
+    if record is None:
+        return
+    emitted = [int(input_ids[0, -1 - int(num_matches)])] if record[2] is not None else []
+    generator.gate.verified(record, emitted, int(num_matches))
 
 
 def draft_token(

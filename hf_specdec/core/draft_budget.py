@@ -115,25 +115,37 @@ class ChainSizer:
     def __init__(self, budget: DraftBudget | None):
         self.budget = budget
 
-    def start(self) -> None:
-        """A new step: no token drafted, one drafter forward about to run."""
-        self.reach, self.kept, self.gain = 1.0, 0, 1.0
+    def start(self, scale: float = 1.0) -> None:
+        """A new step: no token drafted, one drafter forward about to run. ``scale``: a :class:`DraftGate`'s
+        correction of the estimates (each capped at 1)."""
+        self.scale, self.reach, self.kept, self.gain = scale, 1.0, 0, 1.0
+        self.raw, self.first = 0.0, None  # the kept estimates unscaled; the first token's, kept or not
         self.time = 1.0 + (self.budget.drafter_cost if self.budget else 0.0)
 
     def take(self, confidence: float) -> tuple[bool, bool]:
         """``(keep, more)`` for the token just drafted with ``confidence``: keep it in the proposal? draft another?"""
         if self.budget is None:
             return True, True
-        e = self.reach * confidence
+        raw = self.reach * confidence
+        e = min(raw * self.scale, 1.0)
+        self.first = raw if self.first is None else self.first
         step = self.budget.marginal(self.kept)
         if e * self.time < self.gain * step:
             return False, False
-        self.reach, self.kept, self.gain = e, self.kept + 1, self.gain + e
+        self.reach, self.kept, self.gain, self.raw = raw, self.kept + 1, self.gain + e, self.raw + raw
         self.time += step
         more = self.budget.worth_drafting(e, self.kept)
         if more:
             self.time += self.budget.drafter_cost
         return True, more
+
+    def record(self, first_token: int | None) -> tuple[float, float, int | None]:
+        """The step's record for :meth:`DraftGate.verified`, as :meth:`DraftBudget.keep_checked` builds it: the kept
+        tokens' raw estimates summed and ``T``; when none was kept, the first token's estimate and the token itself
+        (``first_token``, scored for free against what the target emits)."""
+        if self.kept or self.first is None:
+            return self.raw, self.time, None
+        return self.first, self.time, first_token
 
 
 class DraftGate:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..core.chain_drafting import chain_budget, draft_token, init_chain_drafting, read_draft
+from ..core.chain_drafting import (
+    chain_budget,
+    chain_drafted,
+    chain_start,
+    chain_verified,
+    draft_token,
+    init_chain_drafting,
+    read_draft,
+)
 from ..core.timing import clock
 from ..errors import SpecDecError
 from .draft_state import EddDraftState
@@ -49,16 +57,19 @@ class EddCandidateGenerator(CandidateGenerator):
             self.prev_total = cur_len
             return input_ids, None
         chain_budget(self, self.edd, self.target, input_ids)
-        self.sizer.start()
+        if not chain_start(self):  # the gate: drafting has not paid lately (the state catches up next time)
+            self.prev_total = cur_len
+            return input_ids, None
         device = self.edd.decoder.norm.weight.device
         sequence = input_ids.to(device)
         hidden = self.state.root_step(sequence)
-        scores = []
+        scores, first = [], None
         for i in range(budget):
             token, processed, confidence = draft_token(
                 self, self.edd, sequence, self.edd.draft_logits(hidden)
             )
             token_id, p = read_draft(token, confidence)
+            first = token_id if first is None else first
             kept, more = self.sizer.take(p)
             if not kept:
                 break
@@ -68,8 +79,9 @@ class EddCandidateGenerator(CandidateGenerator):
                 break
             hidden = self.state.chain_step(token, sequence.shape[1] - 1)
         self.prev_total = sequence.shape[1]
+        chain_drafted(self, first)
         self.draft_time += clock(input_ids.device) - t0
         return sequence, (torch.stack(scores, dim=1) if self.do_sample and scores else None)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
-        pass  # gamma is constant
+        chain_verified(self, input_ids, num_matches)  # gamma is constant; the gate learns

@@ -23,7 +23,15 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..core.chain_drafting import chain_budget, draft_token, init_chain_drafting, read_draft
+from ..core.chain_drafting import (
+    chain_budget,
+    chain_drafted,
+    chain_start,
+    chain_verified,
+    draft_token,
+    init_chain_drafting,
+    read_draft,
+)
 from ..core.timing import clock
 
 
@@ -94,17 +102,19 @@ class GlideCandidateGenerator(CandidateGenerator):
         verified = target_cache.get_seq_length() if target_cache is not None else 0
         if budget <= 0 or (self.drafter.config.cross_attention and verified == 0):
             return input_ids, None
-        keep = self.state.sync(input_ids)
         chain_budget(self, self.drafter, self.target, input_ids)
-        self.sizer.start()
+        if not chain_start(self):  # the gate: drafting has not paid lately (the cache catches up next time)
+            return input_ids, None
+        keep = self.state.sync(input_ids)
         device = self.drafter.norm.weight.device
         step_ids = input_ids[:, keep:].to(device)
         sequence = input_ids.to(device)
-        scores = []
+        scores, first = [], None
         for _ in range(budget):
             logits = self.state.step(step_ids, target_cache)
             token, processed, confidence = draft_token(self, self.drafter, sequence, logits)
             token_id, p = read_draft(token, confidence)
+            first = token_id if first is None else first
             kept, more = self.sizer.take(p)
             if not kept:
                 break
@@ -113,9 +123,10 @@ class GlideCandidateGenerator(CandidateGenerator):
             step_ids = token
             if token_id in self.eos or not more:
                 break
+        chain_drafted(self, first)
         self.draft_time += clock(input_ids.device) - t0
         candidate_logits = torch.stack(scores, dim=1) if self.do_sample and scores else None
         return sequence, candidate_logits
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
-        pass  # gamma is constant (§5.1)
+        chain_verified(self, input_ids, num_matches)  # gamma is the paper's constant (§5.1); the gate learns
