@@ -28,7 +28,7 @@ class DecodeStats:
     verify_time: float = 0.0
     total_time: float = 0.0
     batched_forwards: int = (
-        0  # batch > 1 (core/batch_decoding.py): forwards; target_forwards counts row-forwards
+        0  # the tree core's forwards (a batched one counts once); target_forwards counts row-forwards
     )
     # the per-step split (filled by the bench's meters, bench/methods.run_row): seconds inside target forwards and
     # inside drafter forwards; the rest of total_time is overhead. forwards: target forward calls (a batched forward
