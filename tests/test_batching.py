@@ -183,6 +183,26 @@ def test_a_batch_of_one_keeps_its_cache_packed(monkeypatch):
     assert stats.batched_forwards == stats.target_forwards == len(stats.steps) < 12  # drafts were accepted
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_no_timing_sync_unless_stats_are_asked_for(monkeypatch, rows):
+    """The loop times its forwards and drafts only for a ``stats`` (``timing.clock`` waits for the device): without
+    one it never calls ``clock``, at batch 1 and in a batch; with one it does."""
+    model = tiny_llama()
+    prompts = prompts_of((7, 4, 9)[:rows])
+    refs = [alone(model, p, 10) for p in prompts]
+    ids, mask = left_pad(prompts)
+    calls = []
+    monkeypatch.setattr("hf_specdec.core.tree_decoding.clock", lambda device: calls.append(device) or 0.0)
+    kw = dict(
+        attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0, custom_generate=tree_generate
+    )
+    out = model.generate(ids, proposer=RowOracle(refs, 0), **kw)
+    assert [out[i, ids.shape[1] - len(p) :].tolist() for i, p in enumerate(prompts)] == refs
+    assert calls == []
+    model.generate(ids, proposer=RowOracle(refs, 0), stats=DecodeStats(), **kw)
+    assert calls
+
+
 def test_visible_padding_is_caught(monkeypatch):
     """The planted bug: pads visible to real tokens. The per-row check must fail."""
     model = tiny_llama()
