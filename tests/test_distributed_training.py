@@ -36,7 +36,9 @@ def _train(out, corpus, *launcher_and_batch: str) -> dict:
         *(
             "--max-steps 2 --block-size 64 --eval-blocks 4 --eval-batch-size 2 --eval-steps 100 --save-steps 100".split()
         ),
-        *("--measure-prompts 0 --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3".split()),
+        *(
+            "--measure-prompts 0 --no-card-cost --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3".split()
+        ),
     ]
     _launch(cmd)
     from safetensors.torch import load_file
@@ -70,6 +72,8 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
             assert metrics[k] == pytest.approx(v, abs=2e-4), k
     assert one["card"]["train_tokens"] == two["card"]["train_tokens"] == 2 * 4 * 64
     assert "x2 processes" in two["card"]["budget"]
+    # --no-card-cost: c is not timed (test_calibration checks a card that has it)
+    assert "cost" not in one["card"]
     # the steps really trained: the layer moved away from its start (a copy of the target's layer 0)
     start = real_target[0].model.layers[0].self_attn.q_proj.weight
     trained = one["weights"]["decoder.layers.0.self_attn.q_proj.weight"]

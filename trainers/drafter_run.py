@@ -225,7 +225,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         if sys.argv and "hf-specdec" in sys.argv[0]
         else "",
     }
-    info["cost"] = costs_by_dtype(drafter, target)  # c in fp32 and bf16 on this machine
+    if getattr(args, "card_cost", True):
+        info["cost"] = costs_by_dtype(drafter, target)  # c in fp32 and bf16 on this machine
     if args.measure_prompts:
         info["measured"] = recipe.measure(target, tokenizer, drafter, args.measure_prompts)
         print(f"measured on {args.measure_prompts} mt-bench prompts: {info['measured']}")

@@ -81,6 +81,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logging-steps", type=int, default=5)
     p.add_argument("--measure-prompts", type=int, default=3, help="mt-bench prompts for the card's alpha/tau")
     p.add_argument(
+        "--card-cost",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the drafter's cost c in fp32 and bf16 for its card (about half a minute on a 2-core CPU)",
+    )
+    p.add_argument(
         "--stop-at-step",
         type=int,
         default=None,
