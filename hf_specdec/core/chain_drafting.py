@@ -44,10 +44,8 @@ def init_chain_drafting(
         p for p in (logits_processor or []) if not isinstance(p, MinLengthLogitsProcessor)
     )
     generator.sizer = ChainSizer(None)
-    generator.gate, generator.pending = (
-        None,
-        None,
-    )  # with measured costs: the DraftGate and the step it waits on
+    # with measured costs: the DraftGate, and the record of the drafted step it waits on
+    generator.gate, generator.pending = None, None
     generator.size_drafts = bool(getattr(drafter, "chain_cost", False)) and target is not None
     generator.confidence_temperature = float(getattr(drafter.config, "confidence_temperature", 1.0) or 1.0)
 
@@ -76,11 +74,10 @@ def chain_start(generator: CandidateGenerator) -> bool:
     return True
 
 
-def chain_drafted(generator: CandidateGenerator, first_token: int | None) -> None:
-    """The drafted step's record, fed to the gate by :func:`chain_verified` (``first_token``: the first token the
-    drafter proposed, kept or not)."""
+def chain_drafted(generator: CandidateGenerator) -> None:
+    """The drafted step's record (``ChainSizer.record``), fed to the gate by :func:`chain_verified`."""
     if generator.gate is not None:
-        generator.pending = generator.sizer.record(first_token)
+        generator.pending = generator.sizer.record()
 
 
 def chain_verified(generator: CandidateGenerator, input_ids: torch.Tensor, num_matches: int) -> None:

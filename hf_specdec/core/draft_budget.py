@@ -119,16 +119,19 @@ class ChainSizer:
         """A new step: no token drafted, one drafter forward about to run. ``scale``: a :class:`DraftGate`'s
         correction of the estimates (each capped at 1)."""
         self.scale, self.reach, self.kept, self.gain = scale, 1.0, 0, 1.0
-        self.raw, self.first = 0.0, None  # the kept estimates unscaled; the first token's, kept or not
+        # the kept estimates unscaled; the first drafted token and its estimate, kept or not (DraftGate.verified)
+        self.raw, self.first, self.first_token = 0.0, None, None
         self.time = 1.0 + (self.budget.drafter_cost if self.budget else 0.0)
 
-    def take(self, confidence: float) -> tuple[bool, bool]:
-        """``(keep, more)`` for the token just drafted with ``confidence``: keep it in the proposal? draft another?"""
+    def take(self, confidence: float, token: int | None = None) -> tuple[bool, bool]:
+        """``(keep, more)`` for the token just drafted (id ``token``) with ``confidence``: keep it in the proposal?
+        draft another?"""
         if self.budget is None:
             return True, True
         raw = self.reach * confidence
         e = min(raw * self.scale, 1.0)
-        self.first = raw if self.first is None else self.first
+        if self.first is None:
+            self.first, self.first_token = raw, token
         step = self.budget.marginal(self.kept)
         if e * self.time < self.gain * step:
             return False, False
@@ -139,13 +142,13 @@ class ChainSizer:
             self.time += self.budget.drafter_cost
         return True, more
 
-    def record(self, first_token: int | None) -> tuple[float, float, int | None]:
+    def record(self) -> tuple[float, float, int | None]:
         """The step's record for :meth:`DraftGate.verified`, as :meth:`DraftBudget.keep_checked` builds it: the kept
         tokens' raw estimates summed and ``T``; when none was kept, the first token's estimate and the token itself
-        (``first_token``, scored for free against what the target emits)."""
+        (scored for free against what the target emits)."""
         if self.kept or self.first is None:
             return self.raw, self.time, None
-        return self.first, self.time, first_token
+        return self.first, self.time, self.first_token
 
 
 class DraftGate:

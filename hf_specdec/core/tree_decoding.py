@@ -194,7 +194,7 @@ def _decode(
         verify_s = tick(device) - t0
         logits = out.logits.to(torch.float32)
         first = fed.shape[1] - logits.shape[1]  # fed index of logits row 0
-        kept_rows, results = [], []
+        results = []
         record = dict(rows=len(rows), fed=fed.shape[1], nodes=0, depth=0, accepted=0)  # stats.steps' entry
         for i, row in enumerate(rows):
             n, r = len(row.tree), roots_at[i]
@@ -206,7 +206,6 @@ def _decode(
             m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
             # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
             kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
-            kept_rows.append(kept)
             results.append((acc, m, done or row.ids.shape[1] >= max_length, kept))
             if outputs.scores is not None or outputs.logits is not None:
                 outputs.add(acc.scores[:m], row_logits[[k - r for k in kept[-m:]]])
@@ -215,7 +214,7 @@ def _decode(
             record["nodes"] += n
             record["depth"] = max(record["depth"], row.tree.max_depth)
             record["accepted"] += m - 1
-        layout.keep_accepted(kept_rows)
+        layout.keep_accepted([kept for *_, kept in results])
         emitted = sum(m for _, m, _, _ in results)
         stats.target_forwards += len(rows)
         stats.batched_forwards += 1

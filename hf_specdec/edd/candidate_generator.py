@@ -63,14 +63,13 @@ class EddCandidateGenerator(CandidateGenerator):
         device = self.edd.decoder.norm.weight.device
         sequence = input_ids.to(device)
         hidden = self.state.root_step(sequence)
-        scores, first = [], None
+        scores = []
         for i in range(budget):
             token, processed, confidence = draft_token(
                 self, self.edd, sequence, self.edd.draft_logits(hidden)
             )
             token_id, p = read_draft(token, confidence)
-            first = token_id if first is None else first
-            kept, more = self.sizer.take(p)
+            kept, more = self.sizer.take(p, token_id)
             if not kept:
                 break
             scores.append(processed)
@@ -79,7 +78,7 @@ class EddCandidateGenerator(CandidateGenerator):
                 break
             hidden = self.state.chain_step(token, sequence.shape[1] - 1)
         self.prev_total = sequence.shape[1]
-        chain_drafted(self, first)
+        chain_drafted(self)
         self.draft_time += clock(input_ids.device) - t0
         return sequence, (torch.stack(scores, dim=1) if self.do_sample and scores else None)
 

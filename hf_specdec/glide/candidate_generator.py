@@ -109,13 +109,12 @@ class GlideCandidateGenerator(CandidateGenerator):
         device = self.drafter.norm.weight.device
         step_ids = input_ids[:, keep:].to(device)
         sequence = input_ids.to(device)
-        scores, first = [], None
+        scores = []
         for _ in range(budget):
             logits = self.state.step(step_ids, target_cache)
             token, processed, confidence = draft_token(self, self.drafter, sequence, logits)
             token_id, p = read_draft(token, confidence)
-            first = token_id if first is None else first
-            kept, more = self.sizer.take(p)
+            kept, more = self.sizer.take(p, token_id)
             if not kept:
                 break
             scores.append(processed)
@@ -123,7 +122,7 @@ class GlideCandidateGenerator(CandidateGenerator):
             step_ids = token
             if token_id in self.eos or not more:
                 break
-        chain_drafted(self, first)
+        chain_drafted(self)
         self.draft_time += clock(input_ids.device) - t0
         candidate_logits = torch.stack(scores, dim=1) if self.do_sample and scores else None
         return sequence, candidate_logits

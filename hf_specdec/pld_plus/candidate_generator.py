@@ -110,9 +110,8 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         # the sequence on the host: the occurrences, the drafts and every check read it, not the device; it grows by
         # the tokens the loop emitted (the tree core hands them over, ``extend``; else read from input_ids once a step)
         self.tokens: list[int] = []
-        self._where: dict[
-            int, list[int]
-        ] = {}  # token -> its positions in ``tokens`` (eq. 1's lookup, kept as it grows)
+        # token -> its positions in ``tokens`` (eq. 1's lookup, kept as it grows)
+        self._where: dict[int, list[int]] = {}
         self.last_draft: list[int] = []  # the tokens the last get_candidates drafted (host list)
         self._eos = set() if eos_token_id is None else set(eos_token_id.reshape(-1).tolist())  # read once
         self.steps = 0  # drafting opportunities (calls after the prefill)
