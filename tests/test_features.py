@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 from hf_specdec.trainers.corpus import CORPUS_FORMAT
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer, _stack_collator
+from hf_specdec.trainers.data import stack_collator
+from hf_specdec.trainers.drafter_trainer import DrafterTrainer
 from hf_specdec.trainers.features import FeatureStore, build_features, drafter_for_kind
 from hf_specdec.trainers.losses import teacher_top_k, top_k_kl_loss
 from transformers import TrainingArguments
@@ -88,7 +89,7 @@ def test_training_from_the_store_gives_the_live_loss(kind, target, corpus, tmp_p
         output_dir=str(tmp_path / "t"), report_to=[], use_cpu=True, remove_unused_columns=False
     )
     trainer = DrafterTrainer(model=drafter, args=args, target=target, loss="kl", teacher_top_k=6)
-    stored = _stack_collator([store[i] for i in range(4)])
+    stored = stack_collator([store[i] for i in range(4)])
     live = {"input_ids": stored["input_ids"], "labels": stored["labels"]}
     from_store = trainer.compute_loss(drafter, stored)
     from_target = trainer.compute_loss(drafter, live)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_specdec.modeling.masks import drafted_positions
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer, _stack_collator
+from hf_specdec.trainers.data import stack_collator
+from hf_specdec.trainers.drafter_trainer import DrafterTrainer
 from hf_specdec.trainers.losses import kl_loss
 from hf_specdec.trainers.unrolled import feed_back, step_weights, unrolled_steps
 from transformers import TrainingArguments
@@ -189,7 +190,7 @@ def test_unrolled_training_from_a_feature_store(target, tmp_path):
     build_features(target, drafter, corpus, tmp_path / "store", BLOCK, top_k=6, dtype="fp32")
     store = FeatureStore(tmp_path / "store")
     trainer = _trainer(tmp_path, target, drafter, loss="kl", teacher_top_k=6, ttt_steps=3)
-    stored = _stack_collator([store[i] for i in range(3)])
+    stored = stack_collator([store[i] for i in range(3)])
     live = {"input_ids": stored["input_ids"], "labels": stored["labels"]}
     torch.testing.assert_close(trainer.compute_loss(drafter, stored), trainer.compute_loss(drafter, live))
 

@@ -123,6 +123,14 @@ def corpus_source(corpus_dir: str | Path) -> str:
 
 def load_corpus(corpus_dir: str | Path, split: str, tokenizer=None) -> tuple[np.ndarray, np.ndarray]:
     """``(ids int64, labels int64)`` of a split, the whole stream; checked against ``tokenizer`` when given."""
+    ids, labels, _ = _load_split(corpus_dir, split, tokenizer)
+    return ids, labels
+
+
+def _load_split(
+    corpus_dir: str | Path, split: str, tokenizer=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``load_corpus`` plus the conversation offsets."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -152,7 +160,7 @@ def load_corpus(corpus_dir: str | Path, split: str, tokenizer=None) -> tuple[np.
     ids = arrays["ids"].astype(np.int64)
     supervised = np.unpackbits(arrays["supervised"], count=len(ids)).astype(bool)
     labels = np.where(supervised, ids, IGNORE_INDEX)
-    return ids, labels
+    return ids, labels, arrays["offsets"].astype(np.int64)
 
 
 def packed_from_corpus(
@@ -172,5 +180,25 @@ def packed_from_corpus(
         {
             "input_ids": ids[:cut].reshape(n, block_size).tolist(),
             "labels": labels[:cut].reshape(n, block_size).tolist(),
+        }
+    )
+
+
+def conversations_from_corpus(
+    corpus_dir: str | Path, split: str, length: int, limit: int | None = None, tokenizer=None
+):
+    """One row per conversation from its first token, ``length`` tokens at most (``limit`` rows at most): the context
+    a drafter has when it decodes, where a packed block starts mid-conversation (validation, ``--eval-context``).
+    Rows keep their own lengths; the trainer's collator pads a batch on the right."""
+    from datasets import Dataset
+
+    ids, labels, offsets = _load_split(corpus_dir, split, tokenizer)
+    starts, ends = offsets[:-1], np.minimum(offsets[1:], offsets[:-1] + length)
+    if limit is not None:
+        starts, ends = starts[:limit], ends[:limit]
+    return Dataset.from_dict(
+        {
+            "input_ids": [ids[a:b].tolist() for a, b in zip(starts, ends)],
+            "labels": [labels[a:b].tolist() for a, b in zip(starts, ends)],
         }
     )

@@ -101,6 +101,18 @@ def packed_dataset(
     return Dataset.from_list(list(itertools.islice(rows, limit)))
 
 
+def conversation_rows(tokenizer, split: str, length: int, limit: int | None = None) -> Dataset:
+    """``packed_dataset``'s ShareGPT as one row per conversation from its start, ``length`` tokens at most
+    (``corpus.conversations_from_corpus`` from the live tokenizer)."""
+    rows = []
+    for messages in itertools.islice(sharegpt_conversations(split), limit):
+        sample = tokenize_chat(tokenizer, messages)
+        rows.append({k: sample[k][:length] for k in ("input_ids", "labels")})
+    if not rows:
+        raise SpecDecError(f"no ShareGPT conversations in split {split!r}")
+    return Dataset.from_list(rows)
+
+
 def frequent_tokens(dataset, size: int, always: list[int]) -> tuple[torch.Tensor, Counter]:
     """The ``size`` most frequent supervised tokens of ``dataset`` (plus the ``always`` ids; then any tokens of the
     inputs, then the lowest ids, if the data has fewer distinct tokens), sorted, and the supervised token counts."""
@@ -130,3 +142,17 @@ def install_draft_vocab(drafter, dataset, tokenizer, size: int) -> float:
     coverage = sum(c for t, c in counts.items() if t in kept) / max(sum(counts.values()), 1)
     print(f"draft vocabulary: {len(ids)} tokens cover {coverage:.1%} of supervised training tokens")
     return coverage
+
+
+def stack_collator(rows: list[dict]) -> dict:
+    """Token rows (lists) -> ``input_ids`` / ``labels``; feature-store rows (tensors) -> every key stacked."""
+    if isinstance(rows[0]["input_ids"], torch.Tensor):
+        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+    # rows of several lengths (whole conversations, ``--eval-context conversation``) are padded on the right with
+    # unsupervised tokens: a causal model's earlier positions never see them, so no attention mask is needed
+    n = max(len(r["input_ids"]) for r in rows)
+    pad = {"input_ids": 0, "labels": IGNORE_INDEX}
+    return {
+        k: torch.tensor([list(r[k]) + [pad[k]] * (n - len(r[k])) for r in rows], dtype=torch.long)
+        for k in ("input_ids", "labels")
+    }

@@ -55,8 +55,9 @@ class DrafterRecipe:
 def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
     """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now; as
     many training blocks as ``max_steps`` global batches take (``processes`` x batch x accumulation each); no
-    training blocks (None) without ``with_train``. Validation: ``--eval-blocks`` blocks, or else the first blocks
-    that hold ``--eval-tokens`` supervised tokens."""
+    training blocks (None) without ``with_train``. Validation: whole held-out conversations (``--eval-context
+    conversation``, the default) or packed blocks; ``--eval-blocks`` of them, or else the first that hold
+    ``--eval-tokens`` supervised tokens."""
     n_train = args.max_steps * args.batch_size * args.grad_accum * processes
     source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
     if args.corpus:
@@ -71,15 +72,39 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
             return packed_dataset(tokenizer, split, args.block_size, limit=limit)
 
     train = blocks("train", n_train) if with_train else None
+    held_out, eval_size = blocks, args.block_size
+    if getattr(args, "eval_context", "packed") == "conversation":
+        held_out, eval_size = conversation_source(args, tokenizer), args.eval_length
     eval_blocks = getattr(args, "eval_blocks", None)
     if eval_blocks:
-        valid = blocks("validation", eval_blocks)
+        valid = held_out("validation", eval_blocks)
     else:
-        valid = validation_blocks(blocks, getattr(args, "eval_tokens", 20000), args.block_size)
-    print(f"packed {source}: {n_train} train / {len(valid)} validation blocks of {args.block_size} tokens")
+        valid = validation_blocks(held_out, getattr(args, "eval_tokens", 20000), eval_size)
+    kind = "conversations" if held_out is not blocks else f"blocks of {args.block_size} tokens"
+    print(
+        f"packed {source}: {n_train} train blocks of {args.block_size} tokens / {len(valid)} validation {kind}"
+    )
     if train is not None and len(train) < n_train:
         print(f"{len(train)} train blocks: {n_train / len(train):.2f} epochs over them")
     return train, valid
+
+
+def conversation_source(args, tokenizer) -> Callable:
+    """``blocks``' counterpart for ``--eval-context conversation``: ``(split, limit)`` -> one row per held-out
+    conversation from its start, ``--eval-length`` tokens at most. A packed block starts mid-conversation, so the
+    target's state the drafter reads, and the target's own next token, come from a cut context; decoding has the
+    whole context (docs/training.md, validation against decoding)."""
+    if args.eval_length < 2:
+        raise SpecDecError(f"--eval-length must be at least 2 tokens (got {args.eval_length})")
+    if args.corpus:
+        from .corpus import conversations_from_corpus
+
+        return lambda split, limit: conversations_from_corpus(
+            args.corpus, split, args.eval_length, limit, tokenizer
+        )
+    from .data import conversation_rows
+
+    return lambda split, limit: conversation_rows(tokenizer, split, args.eval_length, limit)
 
 
 def validation_blocks(blocks: Callable, tokens: int, block_size: int):

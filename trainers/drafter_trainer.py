@@ -40,6 +40,7 @@ from transformers import Trainer
 
 from hf_specdec.errors import SpecDecError
 
+from .data import stack_collator
 from .losses import expected_acceptance, kl_loss, teacher_top_k, top_k_kl_loss
 from .unrolled import DEFAULT_DECAY, step_weights, unrolled_loss, unrolled_steps
 
@@ -64,7 +65,7 @@ class DrafterTrainer(Trainer):
         if loss not in ("ce", "kl"):
             raise SpecDecError(f"DrafterTrainer loss must be 'ce' or 'kl', got {loss!r}")
         self.ttt_weights = step_weights(ttt_steps, ttt_decay)  # checks both
-        kwargs.setdefault("data_collator", _stack_collator)
+        kwargs.setdefault("data_collator", stack_collator)
         super().__init__(*args, **kwargs)
         self.target = target.eval().requires_grad_(False)
         self.loss = loss
@@ -309,13 +310,6 @@ def stored_batch(inputs: dict) -> dict | None:
     if "teacher_ids" in inputs:
         stored["teacher"] = (inputs["teacher_ids"], inputs["teacher_logp"])
     return stored
-
-
-def _stack_collator(rows: list[dict]) -> dict:
-    """Token rows (lists) -> ``input_ids`` / ``labels``; feature-store rows (tensors) -> every key stacked."""
-    if isinstance(rows[0]["input_ids"], torch.Tensor):
-        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
-    return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in ("input_ids", "labels")}
 
 
 def write_training_curve(log_history: list[dict], out_dir: str | Path) -> Path:

@@ -68,7 +68,23 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "to two digits; issue #32)",
     )
     p.add_argument(
-        "--eval-blocks", type=int, default=None, help="validation blocks (instead of --eval-tokens)"
+        "--eval-blocks",
+        type=int,
+        default=None,
+        help="validation blocks, or conversations with --eval-context conversation (instead of --eval-tokens)",
+    )
+    p.add_argument(
+        "--eval-context",
+        choices=["conversation", "packed"],
+        default="conversation",
+        help="validation rows: each held-out conversation from its start, as when decoding (default), or packed "
+        "blocks like the training data's, which start mid-conversation",
+    )
+    p.add_argument(
+        "--eval-length",
+        type=int,
+        default=1024,
+        help="--eval-context conversation: the tokens of each conversation validated, from its start",
     )
     p.add_argument("--eval-steps", type=int, default=50)
     p.add_argument(
