@@ -161,6 +161,8 @@ def test_train_edd_ends_calibrated_and_records_it(tmp_path):
     card = info["calibration"]
     assert card.startswith(f"confidence temperature {t:g} ")
     assert card in (out / "README.md").read_text()
+    rows = "held-out conversations, first 1024 tokens each"  # --eval-context conversation, the default
+    assert info["validation_rows"] == rows and f"ShareGPT ({rows})" in (out / "README.md").read_text()
     cost = info["cost"]  # the drafter's c in fp32 and bf16, and the machine it was timed on, on the card too
     # the machine line names this CPU's bf16 answer, whichever it is ("native bf16 (...)" or "no native bf16")
     assert cost["fp32"] > 0 and cost["bf16"] > 0 and cost["machine"] == machine_line(describe_machine())

@@ -109,7 +109,8 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
     results = _results(
         info.get("validation", {}),
         "sharegpt-regenerated" if regenerated else "sharegpt",
-        f"{'ShareGPT prompts answered by the target' if regenerated else 'ShareGPT'} (held-out validation blocks)",
+        f"{'ShareGPT prompts answered by the target' if regenerated else 'ShareGPT'} "
+        f"({info.get('validation_rows', 'held-out validation blocks')})",
         "validation",
     )
     method_tags = METHOD_TAGS[kind]

@@ -107,6 +107,13 @@ def conversation_source(args, tokenizer) -> Callable:
     return lambda split, limit: conversation_rows(tokenizer, split, args.eval_length, limit)
 
 
+def validation_rows(args) -> str:
+    """What the validation rows are, for the model card."""
+    if getattr(args, "eval_context", "packed") == "conversation":
+        return f"held-out conversations, first {args.eval_length} tokens each"
+    return f"held-out packed blocks of {args.block_size} tokens"
+
+
 def validation_blocks(blocks: Callable, tokens: int, block_size: int):
     """The first validation blocks (``blocks("validation", limit)``) that hold at least ``tokens`` supervised tokens
     (labels other than -100), or all of them if the split holds fewer."""
@@ -245,6 +252,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         )
         + (f", warm start {args.init_from}" if getattr(args, "init_from", None) else ""),
         "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
+        "validation_rows": validation_rows(args),
         **extra,
         "command": "hf-specdec " + shlex.join(sys.argv[1:])
         if sys.argv and "hf-specdec" in sys.argv[0]
