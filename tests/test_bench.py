@@ -285,3 +285,17 @@ def test_demo_space_without_model_checks_space_against_its_own_weights(capsys):
     out = capsys.readouterr().out
     same = f"identical tokens to plain generate of {SHIPPED_ADAPTER} (what space decodes): True"
     assert out.count(same) == 2
+
+
+def test_python_option_values_reach_the_methods_as_the_cli_gives_them():
+    """``run_bench(options=...)`` from Python: numbers and booleans become the strings ``--option`` passes (the
+    methods test ``!= "0"``, so an int 0 read as on once)."""
+    from hf_specdec.bench.harness import option_strings
+
+    assert option_strings({"chain_cost": 0, "cape_cost": False, "gamma": 1, "edd": "/x"}) == {
+        "chain_cost": "0",
+        "cape_cost": "0",
+        "gamma": "1",
+        "edd": "/x",
+    }
+    assert option_strings({"space_cost": True}) == {"space_cost": "1"} and option_strings(None) == {}

@@ -68,6 +68,12 @@ def batches(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def option_strings(options: dict | None) -> dict[str, str]:
+    """``--option KEY=VALUE`` values as the methods read them, strings, also when ``run_bench`` is called from
+    Python with numbers or booleans (``{"chain_cost": 0}`` or ``False`` is ``"0"``, not a true value)."""
+    return {k: ("1" if v else "0") if isinstance(v, bool) else str(v) for k, v in (options or {}).items()}
+
+
 def run_bench(
     methods: list[str],
     tasks: list[str],
@@ -110,7 +116,7 @@ def run_bench(
     target, tokenizer = load_model(model, dtype, gguf_file=gguf_file)
     torch_dtype = resolve_dtype(dtype)
     tie_tol = DEFAULT_TIE_TOL.get(torch_dtype) if tie_tol is None else tie_tol
-    ctx = BenchContext(target, tokenizer, dtype, options or {}, model_name=model)
+    ctx = BenchContext(target, tokenizer, dtype, option_strings(options), model_name=model)
     runners = setup_runners(names, classes, ctx)  # a method --model cannot serve fails here
     own = OwnModels(runners, target, ctx)
 
