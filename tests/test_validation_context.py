@@ -61,6 +61,15 @@ def test_validation_rows_start_at_each_conversation_and_stop_at_eval_length(tmp_
     assert packed["input_ids"][1] == [22, 23, 24, 25, 26, 27, 28, 29]
     _, two = training_blocks(_args(tmp_path / "c", eval_blocks=2), None, with_train=False)
     assert len(two) == 2
+    from hf_specdec.trainers.drafter_run import eval_batch_size
+
+    # validation batches hold as many tokens as a training batch (8 blocks of 256 -> two 1024-token conversations),
+    # and two rows at least (the other-context control reads another row)
+    wide = dict(batch_size=8, block_size=256, eval_length=1024)
+    assert eval_batch_size(_args(tmp_path, **wide)) == 2
+    assert eval_batch_size(_args(tmp_path, **{**wide, "batch_size": 16})) == 4
+    assert eval_batch_size(_args(tmp_path, **{**wide, "batch_size": 2})) == 2
+    assert eval_batch_size(_args(tmp_path, **wide, eval_context="packed")) == 8
     with pytest.raises(SpecDecError, match="--eval-length must be at least 2"):
         training_blocks(_args(tmp_path / "c", eval_length=1), None, with_train=False)
 

@@ -114,6 +114,15 @@ def validation_rows(args) -> str:
     return f"held-out packed blocks of {args.block_size} tokens"
 
 
+def eval_batch_size(args) -> int:
+    """Validation rows per batch when ``--eval-batch-size`` is not given: as many tokens as a training batch holds
+    (``--batch-size`` blocks of ``--block-size``), so whole-conversation rows, longer than a block, need no more
+    memory than training does; two at least, for the other-context control (``DrafterTrainer.evaluate``)."""
+    if getattr(args, "eval_context", "packed") != "conversation":
+        return args.batch_size
+    return max(2, args.batch_size * args.block_size // args.eval_length)
+
+
 def validation_blocks(blocks: Callable, tokens: int, block_size: int):
     """The first validation blocks (``blocks("validation", limit)``) that hold at least ``tokens`` supervised tokens
     (labels other than -100), or all of them if the split holds fewer."""
@@ -139,7 +148,7 @@ def training_arguments(args):
 
     return TrainingArguments(
         **shared_training_arguments(args),
-        per_device_eval_batch_size=args.eval_batch_size or args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size or eval_batch_size(args),
         learning_rate=args.lr,
         weight_decay=0.0,
         warmup_steps=args.warmup_steps,

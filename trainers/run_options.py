@@ -91,7 +91,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--eval-batch-size",
         type=int,
         default=None,
-        help="validation blocks per batch and process (default: --batch-size)",
+        help="validation rows per batch and process (default: --batch-size blocks, or the conversations that hold as "
+        "many tokens)",
     )
     p.add_argument("--save-steps", type=int, default=50)
     p.add_argument("--logging-steps", type=int, default=5)
