@@ -153,7 +153,8 @@ def test_train_edd_ends_calibrated_and_records_it(tmp_path):
         "--batch-size",
         "2",
     ]
-    argv += ["--eval-blocks", "2", "--eval-steps", "2", "--save-steps", "2", "--measure-prompts", "0"]
+    argv += ["--eval-blocks", "2", "--eval-length", "256", "--eval-steps", "2", "--save-steps", "2"]
+    argv += ["--measure-prompts", "0"]
     assert main([*argv, "--draft-vocab", "1024"]) == 0
     t = EddConfig.from_pretrained(out).confidence_temperature
     assert 0.25 <= t <= 4.0 and t != 1.0
@@ -161,7 +162,7 @@ def test_train_edd_ends_calibrated_and_records_it(tmp_path):
     card = info["calibration"]
     assert card.startswith(f"confidence temperature {t:g} ")
     assert card in (out / "README.md").read_text()
-    rows = "held-out conversations, first 1024 tokens each"  # --eval-context conversation, the default
+    rows = "held-out conversations, first 256 tokens each"  # --eval-context conversation, the default
     assert info["validation_rows"] == rows and f"ShareGPT ({rows})" in (out / "README.md").read_text()
     cost = info["cost"]  # the drafter's c in fp32 and bf16, and the machine it was timed on, on the card too
     # the machine line names this CPU's bf16 answer, whichever it is ("native bf16 (...)" or "no native bf16")

@@ -34,7 +34,8 @@ def _train(out, corpus, *launcher_and_batch: str) -> dict:
         "--grad-accum",
         accum,
         *(
-            "--max-steps 2 --block-size 64 --eval-blocks 4 --eval-batch-size 2 --eval-steps 100 --save-steps 100".split()
+            "--max-steps 2 --block-size 64 --eval-blocks 4 --eval-length 64 --eval-batch-size 2 --eval-steps 100 "
+            "--save-steps 100".split()
         ),
         *(
             "--measure-prompts 0 --no-card-cost --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3".split()
