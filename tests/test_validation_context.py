@@ -49,7 +49,7 @@ def _args(corpus, **kw) -> argparse.Namespace:
 
 
 def test_validation_rows_start_at_each_conversation_and_stop_at_eval_length(tmp_path):
-    from hf_specdec.trainers.drafter_run import training_blocks
+    from hf_specdec.trainers.drafter_run import eval_batch_size, training_blocks
 
     convs = [list(range(10, 16)), list(range(20, 34)), list(range(40, 49))]  # 6, 14 and 9 tokens
     _write_corpus(tmp_path / "c", convs)
@@ -61,8 +61,6 @@ def test_validation_rows_start_at_each_conversation_and_stop_at_eval_length(tmp_
     assert packed["input_ids"][1] == [22, 23, 24, 25, 26, 27, 28, 29]
     _, two = training_blocks(_args(tmp_path / "c", eval_blocks=2), None, with_train=False)
     assert len(two) == 2
-    from hf_specdec.trainers.drafter_run import eval_batch_size
-
     # validation batches hold as many tokens as a training batch (8 blocks of 256 -> two 1024-token conversations),
     # and two rows at least (the other-context control reads another row)
     wide = dict(batch_size=8, block_size=256, eval_length=1024)

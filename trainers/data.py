@@ -106,8 +106,7 @@ def conversation_rows(tokenizer, split: str, length: int, limit: int | None = No
     (``corpus.conversations_from_corpus`` from the live tokenizer)."""
     rows = []
     for messages in itertools.islice(sharegpt_conversations(split), limit):
-        sample = tokenize_chat(tokenizer, messages)
-        rows.append({k: sample[k][:length] for k in ("input_ids", "labels")})
+        rows.append(tokenize_chat(tokenizer, messages, max_length=length))
     if not rows:
         raise SpecDecError(f"no ShareGPT conversations in split {split!r}")
     return Dataset.from_list(rows)

@@ -72,15 +72,15 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
             return packed_dataset(tokenizer, split, args.block_size, limit=limit)
 
     train = blocks("train", n_train) if with_train else None
-    held_out, eval_size = blocks, args.block_size
-    if getattr(args, "eval_context", "packed") == "conversation":
-        held_out, eval_size = conversation_source(args, tokenizer), args.eval_length
+    whole = whole_conversations(args)
+    held_out = conversation_source(args, tokenizer) if whole else blocks
+    eval_size = args.eval_length if whole else args.block_size
     eval_blocks = getattr(args, "eval_blocks", None)
     if eval_blocks:
         valid = held_out("validation", eval_blocks)
     else:
         valid = validation_blocks(held_out, getattr(args, "eval_tokens", 20000), eval_size)
-    kind = "conversations" if held_out is not blocks else f"blocks of {args.block_size} tokens"
+    kind = "conversations" if whole else f"blocks of {args.block_size} tokens"
     print(
         f"packed {source}: {n_train} train blocks of {args.block_size} tokens / {len(valid)} validation {kind}"
     )
@@ -89,13 +89,19 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
     return train, valid
 
 
+def whole_conversations(args) -> bool:
+    """Whether validation reads whole conversations (``--eval-context conversation``); checks ``--eval-length``."""
+    whole = getattr(args, "eval_context", "packed") == "conversation"
+    if whole and args.eval_length < 2:
+        raise SpecDecError(f"--eval-length must be at least 2 tokens (got {args.eval_length})")
+    return whole
+
+
 def conversation_source(args, tokenizer) -> Callable:
     """``blocks``' counterpart for ``--eval-context conversation``: ``(split, limit)`` -> one row per held-out
     conversation from its start, ``--eval-length`` tokens at most. A packed block starts mid-conversation, so the
     target's state the drafter reads, and the target's own next token, come from a cut context; decoding has the
     whole context (docs/training.md, validation against decoding)."""
-    if args.eval_length < 2:
-        raise SpecDecError(f"--eval-length must be at least 2 tokens (got {args.eval_length})")
     if args.corpus:
         from .corpus import conversations_from_corpus
 
@@ -109,7 +115,7 @@ def conversation_source(args, tokenizer) -> Callable:
 
 def validation_rows(args) -> str:
     """What the validation rows are, for the model card."""
-    if getattr(args, "eval_context", "packed") == "conversation":
+    if whole_conversations(args):
         return f"held-out conversations, first {args.eval_length} tokens each"
     return f"held-out packed blocks of {args.block_size} tokens"
 
@@ -118,7 +124,7 @@ def eval_batch_size(args) -> int:
     """Validation rows per batch when ``--eval-batch-size`` is not given: as many tokens as a training batch holds
     (``--batch-size`` blocks of ``--block-size``), so whole-conversation rows, longer than a block, need no more
     memory than training does; two at least, for the other-context control (``DrafterTrainer.evaluate``)."""
-    if getattr(args, "eval_context", "packed") != "conversation":
+    if not whole_conversations(args):
         return args.batch_size
     return max(2, args.batch_size * args.block_size // args.eval_length)
 
@@ -185,6 +191,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     if args.max_steps < 1:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
     unrolled = unrolled_options(args)  # checked before the target loads
+    whole_conversations(args)  # likewise --eval-length
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
