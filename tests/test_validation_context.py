@@ -88,3 +88,96 @@ def test_rows_of_several_lengths_validate_as_each_row_alone(tmp_path, kind):
     for key in ("eval_top1_match", "eval_kl", "eval_alpha", "eval_loss"):
         weighted = sum(m[key] * m["eval_tokens"] for m in alone) / both["eval_tokens"]
         assert both[key] == pytest.approx(weighted, rel=1e-5, abs=1e-6), key
+
+
+def test_training_rows_can_be_whole_conversations(tmp_path):
+    """``--train-context conversation``: training rows start at conversation starts, stop at ``--train-length``,
+    carry their lengths for grouping, and a batch holds as many tokens as ``--batch-size`` packed blocks at most."""
+    from hf_specdec.trainers.drafter_run import rows_per_batch, train_tokens, training_blocks
+
+    convs = [list(range(10, 16)), list(range(20, 34)), list(range(40, 49))]
+    _write_corpus(tmp_path / "c", convs)
+    args = _args(tmp_path / "c", train_context="conversation", train_length=12, max_steps=3)
+    train, _ = training_blocks(args, None)
+    assert train["input_ids"] == [convs[0], convs[1][:12], convs[2]]
+    assert train["length"] == [6, 12, 9]
+    packed, _ = training_blocks(_args(tmp_path / "c", max_steps=3), None)
+    assert packed["input_ids"][1] == [22, 23, 24, 25, 26, 27, 28, 29]  # mid-conversation
+    wide = dict(batch_size=8, block_size=256, train_context="conversation", train_length=1024)
+    assert rows_per_batch(_args(tmp_path, **wide), "train") == 2
+    assert rows_per_batch(_args(tmp_path, **{**wide, "batch_size": 1}), "train") == 1
+    assert rows_per_batch(_args(tmp_path, **{**wide, "train_context": "packed"}), "train") == 8
+    # tokens trained on: rows seen x the mean row length (27 tokens / 3 rows), or x the block size
+    assert train_tokens(args, train, steps=3, processes=2) == 6 * 9
+    assert train_tokens(_args(tmp_path, max_steps=3), packed, steps=3, processes=2) == 6 * 8
+
+
+def test_conversation_training_rows_are_checked_early(tmp_path):
+    from hf_specdec.trainers.drafter_run import whole_conversations
+
+    with pytest.raises(SpecDecError, match="--train-length must be at least 2"):
+        whole_conversations(_args(tmp_path, train_context="conversation", train_length=1), "train")
+    with pytest.raises(SpecDecError, match="feature store"):
+        whole_conversations(
+            _args(tmp_path, train_context="conversation", train_length=64, features="store"), "train"
+        )
+
+
+@pytest.mark.parametrize("kind", ["edd", "glide"])
+def test_padding_adds_nothing_to_the_training_loss(tmp_path, kind):
+    """A training batch of rows of several lengths: its summed loss (what ``Trainer.train`` divides by the batch's
+    supervised tokens) is the sum of each row's alone, and its gradient too (EDD's block length L drawn the same)."""
+    from hf_specdec.trainers.data import stack_collator
+
+    target, drafter = _tiny_drafter(kind)
+    torch.manual_seed(1)
+    rows = [{"input_ids": r, "labels": r} for r in (torch.randint(3, 90, (n,)).tolist() for n in (24, 13))]
+    trainer = _eval_trainer(tmp_path, target, drafter, rows)
+    drafter.train()
+
+    def loss_and_grad(batch_rows):
+        torch.manual_seed(2)
+        drafter.zero_grad()
+        loss = trainer.compute_loss(drafter, stack_collator(batch_rows), num_items_in_batch=torch.tensor(1))
+        loss.backward()
+        return loss.detach(), torch.cat(
+            [p.grad.flatten() for p in drafter.parameters() if p.grad is not None]
+        )
+
+    both, grad_both = loss_and_grad(rows)
+    alone = [loss_and_grad([row]) for row in rows]
+    assert both == pytest.approx(float(alone[0][0] + alone[1][0]), rel=1e-5)
+    torch.testing.assert_close(grad_both, alone[0][1] + alone[1][1], rtol=1e-4, atol=1e-6)
+
+
+def test_eval_corpus_validates_on_other_text_than_the_training_corpus(tmp_path):
+    """``--eval-corpus``: training rows from ``--corpus``, validation rows from another corpus (the ablation's
+    held-out regenerated text for runs trained on ShareGPT), and the card says which."""
+    from hf_specdec.trainers.drafter_run import training_blocks, validation_rows
+
+    _write_corpus(tmp_path / "train", [list(range(10, 30))])
+    _write_corpus(tmp_path / "held", [list(range(50, 56)), list(range(60, 66))])
+    args = _args(tmp_path / "train", eval_corpus=str(tmp_path / "held"), max_steps=2)
+    train, valid = training_blocks(args, None)
+    assert train["input_ids"][0] == list(range(10, 18))
+    assert valid["input_ids"] == [list(range(50, 56)), list(range(60, 66))]
+    assert validation_rows(args) == "held-out conversations, first 10 tokens each of test (held)"
+
+
+def test_conversation_training_batches_group_rows_by_length(tmp_path):
+    """The ``TrainingArguments`` of a ``--train-context conversation`` run: rows per batch as many as fit
+    ``--batch-size`` blocks' tokens, batched by length; a packed run keeps ``--batch-size`` blocks, sampled at random."""
+    import argparse
+
+    from hf_specdec.trainers.drafter_run import training_arguments
+    from hf_specdec.trainers.glide import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    base = ["--output-dir", str(tmp_path), "--batch-size", "8", "--block-size", "256", "--precision", "fp32"]
+    conv = training_arguments(
+        p.parse_args([*base, "--train-context", "conversation", "--train-length", "512"])
+    )
+    assert (conv.per_device_train_batch_size, conv.train_sampling_strategy) == (4, "group_by_length")
+    packed = training_arguments(p.parse_args(base))
+    assert (packed.per_device_train_batch_size, packed.train_sampling_strategy) == (8, "random")

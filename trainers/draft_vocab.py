@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .calibration import validation_trainer
     from .data import frequent_tokens
-    from .drafter_run import training_blocks
+    from .training_rows import training_blocks
 
     folder = Path(args.drafter)
     if not (folder / "config.json").is_file():

@@ -1,8 +1,8 @@
 """The one training entry shared by ``hf-specdec train glide`` and ``train edd``: what differs is a ``DrafterRecipe``.
 
-Steps: load the frozen target, build the training / validation blocks (from ``--corpus``, a pre-tokenized corpus,
-or by tokenizing ShareGPT now), build ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the
-Trainer moves only the drafter), build the drafter there (the recipe), train with ``DrafterTrainer`` (resuming
+Steps: load the frozen target, build the training / validation rows (``training_rows.py``: packed blocks or whole
+conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing ShareGPT now), build
+``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the drafter there (the recipe), train with ``DrafterTrainer`` (resuming
 from ``get_last_checkpoint(--output-dir)`` with ``--resume``), evaluate, run the recipe's post-training step (EDD:
 confidence calibration), save the drafter, its training curve and model card.
 
@@ -25,6 +25,16 @@ import torch
 
 from hf_specdec.core.drafter_cost import costs_by_dtype
 from hf_specdec.errors import SpecDecError
+
+from .training_rows import (
+    describe_rows,
+    eval_batch_size,
+    rows_per_batch,
+    train_tokens,
+    training_blocks,
+    validation_rows,
+    whole_conversations,
+)
 
 
 @dataclass
@@ -52,108 +62,22 @@ class DrafterRecipe:
     extra_info: Callable = lambda drafter: {}
 
 
-def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
-    """``(train, validation)`` packed blocks: from ``args.corpus`` when given, else tokenized from ShareGPT now; as
-    many training blocks as ``max_steps`` global batches take (``processes`` x batch x accumulation each); no
-    training blocks (None) without ``with_train``. Validation: whole held-out conversations (``--eval-context
-    conversation``, the default) or packed blocks; ``--eval-blocks`` of them, or else the first that hold
-    ``--eval-tokens`` supervised tokens."""
-    n_train = args.max_steps * args.batch_size * args.grad_accum * processes
-    source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
-    if args.corpus:
-        from .corpus import packed_from_corpus
-
-        def blocks(split: str, limit: int | None):
-            return packed_from_corpus(args.corpus, split, args.block_size, limit, tokenizer)
-    else:
-        from .data import packed_dataset
-
-        def blocks(split: str, limit: int | None):
-            return packed_dataset(tokenizer, split, args.block_size, limit=limit)
-
-    train = blocks("train", n_train) if with_train else None
-    whole = whole_conversations(args)
-    held_out = conversation_source(args, tokenizer) if whole else blocks
-    eval_size = args.eval_length if whole else args.block_size
-    eval_blocks = getattr(args, "eval_blocks", None)
-    if eval_blocks:
-        valid = held_out("validation", eval_blocks)
-    else:
-        valid = validation_blocks(held_out, getattr(args, "eval_tokens", 20000), eval_size)
-    kind = "conversations" if whole else f"blocks of {args.block_size} tokens"
-    print(
-        f"packed {source}: {n_train} train blocks of {args.block_size} tokens / {len(valid)} validation {kind}"
-    )
-    if train is not None and len(train) < n_train:
-        print(f"{len(train)} train blocks: {n_train / len(train):.2f} epochs over them")
-    return train, valid
-
-
-def whole_conversations(args) -> bool:
-    """Whether validation reads whole conversations (``--eval-context conversation``); checks ``--eval-length``."""
-    whole = getattr(args, "eval_context", "packed") == "conversation"
-    if whole and args.eval_length < 2:
-        raise SpecDecError(f"--eval-length must be at least 2 tokens (got {args.eval_length})")
-    return whole
-
-
-def conversation_source(args, tokenizer) -> Callable:
-    """``blocks``' counterpart for ``--eval-context conversation``: ``(split, limit)`` -> one row per held-out
-    conversation from its start, ``--eval-length`` tokens at most. A packed block starts mid-conversation, so the
-    target's state the drafter reads, and the target's own next token, come from a cut context; decoding has the
-    whole context (docs/training.md, validation against decoding)."""
-    if args.corpus:
-        from .corpus import conversations_from_corpus
-
-        return lambda split, limit: conversations_from_corpus(
-            args.corpus, split, args.eval_length, limit, tokenizer
-        )
-    from .data import conversation_rows
-
-    return lambda split, limit: conversation_rows(tokenizer, split, args.eval_length, limit)
-
-
-def validation_rows(args) -> str:
-    """What the validation rows are, for the model card."""
-    if whole_conversations(args):
-        return f"held-out conversations, first {args.eval_length} tokens each"
-    return f"held-out packed blocks of {args.block_size} tokens"
-
-
-def eval_batch_size(args) -> int:
-    """Validation rows per batch when ``--eval-batch-size`` is not given: as many tokens as a training batch holds
-    (``--batch-size`` blocks of ``--block-size``), so whole-conversation rows, longer than a block, need no more
-    memory than training does; two at least, for the other-context control (``DrafterTrainer.evaluate``)."""
-    if not whole_conversations(args):
-        return args.batch_size
-    return max(2, args.batch_size * args.block_size // args.eval_length)
-
-
-def validation_blocks(blocks: Callable, tokens: int, block_size: int):
-    """The first validation blocks (``blocks("validation", limit)``) that hold at least ``tokens`` supervised tokens
-    (labels other than -100), or all of them if the split holds fewer."""
-    limit = max(1, -(-2 * tokens // block_size))
-    while True:
-        valid = blocks("validation", limit)
-        seen = 0
-        for i, labels in enumerate(valid["labels"]):
-            seen += sum(1 for x in labels if x != -100)
-            if seen >= tokens:
-                return valid.select(range(i + 1))
-        if len(valid) < limit:
-            print(f"the validation split holds {seen} supervised tokens, fewer than --eval-tokens {tokens}")
-            return valid
-        limit *= 2
-
-
 def training_arguments(args):
     """``TrainingArguments`` of a drafter run (cosine schedule, evaluation and checkpoints every N steps)."""
     from transformers import TrainingArguments
 
     from .run_support import shared_training_arguments
 
+    shared = shared_training_arguments(args)
+    if whole_conversations(
+        args, "train"
+    ):  # rows of like lengths batch together, so little of a batch is padding
+        shared.update(
+            per_device_train_batch_size=rows_per_batch(args, "train"),
+            train_sampling_strategy="group_by_length",
+        )
     return TrainingArguments(
-        **shared_training_arguments(args),
+        **shared,
         per_device_eval_batch_size=args.eval_batch_size or eval_batch_size(args),
         learning_rate=args.lr,
         weight_decay=0.0,
@@ -192,6 +116,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
     unrolled = unrolled_options(args)  # checked before the target loads
     whole_conversations(args)  # likewise --eval-length
+    whole_conversations(args, "train")  # and --train-length (not with --features)
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
@@ -248,14 +173,14 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         **recipe.extra_info(drafter),
         "architecture": recipe.architecture(args, drafter, coverage),
         "data": (
-            f"{corpus_source(args.corpus) if args.corpus else 'ShareGPT'} (train split, packed {args.block_size}-token "
-            "blocks, assistant tokens supervised"
+            f"{corpus_source(args.corpus) if args.corpus else 'ShareGPT'} (train split, {describe_rows(args, 'train')}, "
+            "assistant tokens supervised"
             + (f", corpus {Path(args.corpus).name}" if args.corpus else "")
             + (f", feature store of {len(store)} blocks, teacher top-{store.meta['top_k']}" if store else "")
             + ")"
         ),
         "steps": steps,
-        "train_tokens": steps * args.batch_size * args.grad_accum * targs.world_size * args.block_size,
+        "train_tokens": train_tokens(args, None if store else train, steps, targs.world_size),
         "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if targs.bf16 else ''}), "
         f"batch {args.batch_size}x{args.grad_accum}"
         + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")

@@ -36,6 +36,19 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="KL against the target's top-k tokens only, as a feature store keeps them (default: all)",
     )
+    p.add_argument(
+        "--train-context",
+        choices=["packed", "conversation"],
+        default="packed",
+        help="training rows: packed blocks of --block-size tokens (default), or each conversation from its start as "
+        "when decoding (--train-length tokens at most, batches of as many tokens as --batch-size blocks hold)",
+    )
+    p.add_argument(
+        "--train-length",
+        type=int,
+        default=1024,
+        help="--train-context conversation: the tokens of each conversation trained on, from its start",
+    )
     add_precision_argument(p)
     p.add_argument(
         "--init-from",
@@ -72,6 +85,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="validation blocks, or conversations with --eval-context conversation (instead of --eval-tokens)",
+    )
+    p.add_argument(
+        "--eval-corpus",
+        default=None,
+        metavar="DIR",
+        help="validate on this corpus's validation split (`hf-specdec corpus`, e.g. a regenerated one) instead of "
+        "--corpus's or ShareGPT's: the same held-out text for runs trained on different data",
     )
     p.add_argument(
         "--eval-context",

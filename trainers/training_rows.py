@@ -1,0 +1,152 @@
+"""What a drafter run reads: its training and validation rows (``hf-specdec train glide`` / ``train edd``).
+
+Two kinds of row, for training (``--train-context``) and validation (``--eval-context``) alike:
+
+- **packed**: the split's conversations concatenated and cut into ``--block-size`` blocks. Every token is used and
+  every row has the same length, but a block starts wherever the stream falls, often mid-conversation, so the target
+  state the drafter reads (and the target's own next token) comes from a cut context;
+- **conversation**: one row per conversation from its first token, ``--train-length`` / ``--eval-length`` tokens at
+  most: the context the drafter has when it decodes. Rows keep their own lengths; ``data.stack_collator`` pads a
+  batch on the right, and training batches are grouped by length (``train_sampling_strategy="group_by_length"``) so
+  little of a batch is padding.
+
+A conversation batch holds as many tokens as a packed one at most: ``--batch-size`` x ``--block-size`` tokens, that
+is ``--batch-size x --block-size // length`` rows (:func:`rows_per_batch`); validation keeps two rows at least, for
+the other-context control (``DrafterTrainer.evaluate``). Why whole conversations: docs/training.md, "Whole
+conversations" (issue #32 point 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from hf_specdec.errors import SpecDecError
+
+
+def whole_conversations(args, part: str = "eval") -> bool:
+    """Whether ``part`` (``"eval"`` or ``"train"``) reads whole conversations (``--eval-context`` /
+    ``--train-context conversation``); checks that part's length and, for training, that no feature store is used."""
+    whole = getattr(args, f"{part}_context", "packed") == "conversation"
+    length = getattr(args, f"{part}_length", None) if whole else None
+    if whole and length < 2:
+        raise SpecDecError(f"--{part}-length must be at least 2 tokens (got {length})")
+    if whole and part == "train" and getattr(args, "features", None):
+        raise SpecDecError(
+            "--train-context conversation reads the target live; a feature store (--features) holds packed blocks. "
+            "Drop one of the two"
+        )
+    return whole
+
+
+def rows_per_batch(args, part: str = "eval") -> int:
+    """Rows per batch and process: ``--batch-size`` packed blocks, or the whole conversations that hold as many
+    tokens at most (one at least for training, two for validation)."""
+    if not whole_conversations(args, part):
+        return args.batch_size
+    return max(
+        1 if part == "train" else 2, args.batch_size * args.block_size // getattr(args, f"{part}_length")
+    )
+
+
+def eval_batch_size(args) -> int:
+    """Validation rows per batch when ``--eval-batch-size`` is not given (:func:`rows_per_batch`)."""
+    return rows_per_batch(args, "eval")
+
+
+def row_source(args, tokenizer, part: str) -> Callable:
+    """``(split, limit) -> Dataset`` of ``part``'s rows (module docstring), from a corpus (``--corpus``; for
+    validation ``--eval-corpus`` first) or ShareGPT tokenized now."""
+    corpus = (getattr(args, "eval_corpus", None) if part == "eval" else None) or args.corpus
+    if whole_conversations(args, part):
+        length = getattr(args, f"{part}_length")
+        if corpus:
+            from .corpus import conversations_from_corpus
+
+            return lambda split, limit: conversations_from_corpus(corpus, split, length, limit, tokenizer)
+        from .data import conversation_rows
+
+        return lambda split, limit: conversation_rows(tokenizer, split, length, limit)
+    if corpus:
+        from .corpus import packed_from_corpus
+
+        return lambda split, limit: packed_from_corpus(corpus, split, args.block_size, limit, tokenizer)
+    from .data import packed_dataset
+
+    return lambda split, limit: packed_dataset(tokenizer, split, args.block_size, limit=limit)
+
+
+def eval_source(args) -> str:
+    """Where validation rows come from, in words."""
+    corpus = getattr(args, "eval_corpus", None) or args.corpus
+    return f"corpus {corpus}" if corpus else "ShareGPT"
+
+
+def describe_rows(args, part: str) -> str:
+    """``part``'s rows in words (the run's log and the model card)."""
+    if whole_conversations(args, part):
+        return f"whole conversations from their start, {getattr(args, f'{part}_length')} tokens at most"
+    return f"packed blocks of {args.block_size} tokens"
+
+
+def validation_rows(args) -> str:
+    """What the validation rows are, for the model card (and where from, with ``--eval-corpus``)."""
+    if whole_conversations(args, "eval"):
+        rows = f"held-out conversations, first {args.eval_length} tokens each"
+    else:
+        rows = f"held-out packed blocks of {args.block_size} tokens"
+    from .corpus import corpus_source
+
+    eval_corpus = getattr(args, "eval_corpus", None)
+    return rows + (f" of {corpus_source(eval_corpus)} ({Path(eval_corpus).name})" if eval_corpus else "")
+
+
+def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
+    """``(train, validation)`` rows: from ``args.corpus`` when given, else tokenized from ShareGPT now; as many
+    training rows as ``max_steps`` global batches take (``processes`` x :func:`rows_per_batch` x accumulation), with
+    a ``length`` column for grouping; no training rows (None) without ``with_train``. Validation: ``--eval-blocks``
+    rows, or else the first that hold ``--eval-tokens`` supervised tokens."""
+    source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
+    train = None
+    if with_train:
+        n_train = args.max_steps * rows_per_batch(args, "train") * args.grad_accum * processes
+        train = row_source(args, tokenizer, "train")("train", n_train)
+        train = train.add_column("length", [len(r) for r in train["input_ids"]])
+        print(f"{source}: {len(train)} train rows, {describe_rows(args, 'train')}")
+        if len(train) < n_train:
+            print(f"{len(train)} train rows for {n_train}: {n_train / len(train):.2f} epochs over them")
+    held_out = row_source(args, tokenizer, "eval")
+    eval_blocks = getattr(args, "eval_blocks", None)
+    if eval_blocks:
+        valid = held_out("validation", eval_blocks)
+    else:
+        size = args.eval_length if whole_conversations(args, "eval") else args.block_size
+        valid = validation_blocks(held_out, getattr(args, "eval_tokens", 20000), size)
+    print(f"{eval_source(args)}: {len(valid)} validation rows, {describe_rows(args, 'eval')}")
+    return train, valid
+
+
+def validation_blocks(blocks: Callable, tokens: int, block_size: int):
+    """The first validation rows (``blocks("validation", limit)``) that hold at least ``tokens`` supervised tokens
+    (labels other than -100), or all of them if the split holds fewer."""
+    limit = max(1, -(-2 * tokens // block_size))
+    while True:
+        valid = blocks("validation", limit)
+        seen = 0
+        for i, labels in enumerate(valid["labels"]):
+            seen += sum(1 for x in labels if x != -100)
+            if seen >= tokens:
+                return valid.select(range(i + 1))
+        if len(valid) < limit:
+            print(f"the validation split holds {seen} supervised tokens, fewer than --eval-tokens {tokens}")
+            return valid
+        limit *= 2
+
+
+def train_tokens(args, train, steps: int, processes: int) -> int:
+    """Tokens the run trained on: rows seen x their length (packed), or x the mean row length (conversations)."""
+    rows = steps * rows_per_batch(args, "train") * args.grad_accum * processes
+    if train is None or not whole_conversations(args, "train"):
+        return rows * args.block_size
+    lengths = train["length"]
+    return round(rows * sum(lengths) / max(len(lengths), 1))
