@@ -181,3 +181,23 @@ def test_conversation_training_batches_group_rows_by_length(tmp_path):
     assert (conv.per_device_train_batch_size, conv.train_sampling_strategy) == (4, "group_by_length")
     packed = training_arguments(p.parse_args(base))
     assert (packed.per_device_train_batch_size, packed.train_sampling_strategy) == (8, "random")
+
+
+def test_the_final_validation_is_not_run_twice():
+    """The Trainer evaluates at ``max_steps``: the run's card takes those figures instead of a second pass; a run
+    stopped before its last evaluation (time limit, ``--stop-at-step``) evaluates anew."""
+    from types import SimpleNamespace
+
+    from hf_specdec.trainers.drafter_run import final_validation
+
+    calls = []
+    logged = {"eval_loss": 1.5, "eval_top1_match": 0.25, "epoch": 1.0, "step": 8}
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=8, log_history=[{"loss": 2.0, "step": 8}, logged]),
+        evaluate=lambda: calls.append(1) or {"eval_loss": 9.0},
+    )
+    assert final_validation(trainer) == {"eval_loss": 1.5, "eval_top1_match": 0.25, "epoch": 1.0}
+    assert calls == []
+    trainer.state.global_step = 9
+    assert final_validation(trainer) == {"eval_loss": 9.0}
+    assert calls == [1]

@@ -156,7 +156,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     t_train = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - t_train
-    metrics = trainer.evaluate()
+    metrics = final_validation(trainer)
     extra = recipe.after_training(trainer)  # on every process (EDD's calibration gathers from all)
     if not trainer.is_world_process_zero():  # one process writes the drafter, its curve and its card
         return 0
@@ -209,6 +209,17 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         f"saved {recipe.name} to {args.output_dir} ({steps} steps, {(time.perf_counter() - t_start) / 60:.1f} min)"
     )
     return 0
+
+
+def final_validation(trainer) -> dict:
+    """The validation figures of the trained drafter: the ``Trainer``'s own evaluation at the last step when it made
+    one (it evaluates at ``max_steps``; a whole-conversation validation pass costs minutes on a CPU), else a new one
+    (a run stopped early by ``--max-minutes`` or ``--stop-at-step``)."""
+    step = trainer.state.global_step
+    for logged in reversed(trainer.state.log_history):
+        if "eval_loss" in logged and logged.get("step") == step:
+            return {k: v for k, v in logged.items() if k != "step"}
+    return trainer.evaluate()
 
 
 def warm_start(drafter, path: str, target) -> None:
