@@ -325,6 +325,21 @@ def test_bench_method_glide_cape(tmp_path):
         method.setup(BenchContext(target, None, "fp32", {"glide": str(tmp_path), "cape_bins": "0.5-2"}))
 
 
+def test_an_option_no_method_reads_is_an_error(tmp_path):
+    """``--option drafter=PATH`` (GLIDE's key is ``glide``) once ran the shipped drafter without a word: the bench now
+    fails, naming the unread key, once the methods are set up and before anything is timed."""
+    from hf_specdec.bench.harness import check_read, option_strings
+
+    target = tiny_llama()
+    _drafter(target).save_pretrained(tmp_path)
+    options = option_strings({"glide": str(tmp_path), "gamma": "3", "drafter": "/elsewhere"})
+    get_method("glide-cape")().setup(BenchContext(target, None, "fp32", options))
+    with pytest.raises(SpecDecError, match="--option drafter: no method of ar, glide-cape reads it"):
+        check_read(options, ["ar", "glide-cape"])
+    del options["drafter"]
+    check_read(options, ["ar", "glide-cape"])
+
+
 # ------------------------------------------------------------------ the trained drafter on the real target
 @pytest.mark.real
 @pytest.mark.compat

@@ -68,10 +68,44 @@ def batches(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def option_strings(options: dict | None) -> dict[str, str]:
+class MethodOptions(dict):
+    """``--option KEY=VALUE`` values that remember which keys the methods asked for, so that a key no method reads
+    (a misspelt ``--option glid=PATH``) is an error rather than a run with the default drafter (:func:`check_read`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: set[str] = set()
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self.asked.add(key)
+        return super().__contains__(key)
+
+
+def option_strings(options: dict | None) -> MethodOptions:
     """``--option KEY=VALUE`` values as the methods read them, strings, also when ``run_bench`` is called from
     Python with numbers or booleans (``{"chain_cost": 0}`` or ``False`` is ``"0"``, not a true value)."""
-    return {k: ("1" if v else "0") if isinstance(v, bool) else str(v) for k, v in (options or {}).items()}
+    return MethodOptions(
+        {k: ("1" if v else "0") if isinstance(v, bool) else str(v) for k, v in (options or {}).items()}
+    )
+
+
+def check_read(options: MethodOptions, names: list[str]) -> None:
+    """Fail when an ``--option`` key was read by none of the methods (after their setup and warm-up)."""
+    unread = sorted(set(options) - options.asked)
+    if unread:
+        raise SpecDecError(
+            f"--option {', '.join(unread)}: no method of {', '.join(names)} reads it; they read "
+            f"{', '.join(sorted(options.asked)) or 'no options'} (e.g. --option glide=PATH for a GLIDE drafter, "
+            "edd=PATH for EDD's; the method modules' docstrings list each method's options)"
+        )
 
 
 def run_bench(
@@ -126,6 +160,7 @@ def run_bench(
     warm = warm.to(target.device)
     for runner in runners.values():
         runner.generate(warm, 8)
+    check_read(ctx.options, names)  # every option was asked for, by setup or the warm-up, before any timing
     drafter_costs = measure_drafter_costs(runners, target)
 
     if batch_size > 1:

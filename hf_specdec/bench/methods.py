@@ -45,7 +45,7 @@ class BenchContext:
     model: torch.nn.Module
     tokenizer: object
     dtype: str
-    options: dict = field(default_factory=dict)  # method options from the CLI (--drafter, --heads ...)
+    options: dict = field(default_factory=dict)  # --option KEY=VALUE of the CLI (glide=PATH, gamma=3 ...)
     model_name: str | None = None  # --model as given (None: the default target), for methods that check it
 
 
