@@ -290,7 +290,7 @@ def test_demo_space_without_model_checks_space_against_its_own_weights(capsys):
 def test_python_option_values_reach_the_methods_as_the_cli_gives_them():
     """``run_bench(options=...)`` from Python: numbers and booleans become the strings ``--option`` passes (the
     methods test ``!= "0"``, so an int 0 read as on once)."""
-    from hf_specdec.bench.harness import option_strings
+    from hf_specdec.bench.method_options import option_strings
 
     assert option_strings({"chain_cost": 0, "cape_cost": False, "gamma": 1, "edd": "/x"}) == {
         "chain_cost": "0",

@@ -328,7 +328,7 @@ def test_bench_method_glide_cape(tmp_path):
 def test_an_option_no_method_reads_is_an_error(tmp_path):
     """``--option drafter=PATH`` (GLIDE's key is ``glide``) once ran the shipped drafter without a word: the bench now
     fails, naming the unread key, once the methods are set up and before anything is timed."""
-    from hf_specdec.bench.harness import check_read, option_strings
+    from hf_specdec.bench.method_options import check_read, option_strings
 
     target = tiny_llama()
     _drafter(target).save_pretrained(tmp_path)

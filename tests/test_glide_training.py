@@ -241,7 +241,7 @@ def test_training_clis_default_to_precision_auto():
 def test_validation_holds_the_asked_supervised_tokens():
     """Issue #32: validation blocks are taken until they hold --eval-tokens supervised tokens (or the split ends)."""
     from datasets import Dataset
-    from hf_specdec.trainers.drafter_run import validation_blocks
+    from hf_specdec.trainers.training_rows import validation_blocks
 
     asked = []
 

@@ -49,7 +49,7 @@ def _args(corpus, **kw) -> argparse.Namespace:
 
 
 def test_validation_rows_start_at_each_conversation_and_stop_at_eval_length(tmp_path):
-    from hf_specdec.trainers.drafter_run import eval_batch_size, training_blocks
+    from hf_specdec.trainers.training_rows import eval_batch_size, training_blocks
 
     convs = [list(range(10, 16)), list(range(20, 34)), list(range(40, 49))]  # 6, 14 and 9 tokens
     _write_corpus(tmp_path / "c", convs)
@@ -93,7 +93,7 @@ def test_rows_of_several_lengths_validate_as_each_row_alone(tmp_path, kind):
 def test_training_rows_can_be_whole_conversations(tmp_path):
     """``--train-context conversation``: training rows start at conversation starts, stop at ``--train-length``,
     carry their lengths for grouping, and a batch holds as many tokens as ``--batch-size`` packed blocks at most."""
-    from hf_specdec.trainers.drafter_run import rows_per_batch, train_tokens, training_blocks
+    from hf_specdec.trainers.training_rows import rows_per_batch, train_tokens, training_blocks
 
     convs = [list(range(10, 16)), list(range(20, 34)), list(range(40, 49))]
     _write_corpus(tmp_path / "c", convs)
@@ -113,7 +113,7 @@ def test_training_rows_can_be_whole_conversations(tmp_path):
 
 
 def test_conversation_training_rows_are_checked_early(tmp_path):
-    from hf_specdec.trainers.drafter_run import whole_conversations
+    from hf_specdec.trainers.training_rows import whole_conversations
 
     with pytest.raises(SpecDecError, match="--train-length must be at least 2"):
         whole_conversations(_args(tmp_path, train_context="conversation", train_length=1), "train")
@@ -153,7 +153,7 @@ def test_padding_adds_nothing_to_the_training_loss(tmp_path, kind):
 def test_eval_corpus_validates_on_other_text_than_the_training_corpus(tmp_path):
     """``--eval-corpus``: training rows from ``--corpus``, validation rows from another corpus (the ablation's
     held-out regenerated text for runs trained on ShareGPT), and the card says which."""
-    from hf_specdec.trainers.drafter_run import training_blocks, validation_rows
+    from hf_specdec.trainers.training_rows import training_blocks, validation_rows
 
     _write_corpus(tmp_path / "train", [list(range(10, 30))])
     _write_corpus(tmp_path / "held", [list(range(50, 56)), list(range(60, 66))])

@@ -25,6 +25,7 @@ from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
 from .figures import aggregate, measure_drafter_costs, one_token_forward, step_split
+from .method_options import check_read, option_strings
 from .methods import BenchContext, get_method, metered, run_row, sampling
 from .own_models import OwnModels, setup_runners
 from .report import write_outputs
@@ -66,46 +67,6 @@ def _run_batch(
 def batches(items: list, size: int) -> list[list]:
     """``items`` in consecutive groups of ``size`` (the last one may be smaller)."""
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-class MethodOptions(dict):
-    """``--option KEY=VALUE`` values that remember which keys the methods asked for, so that a key no method reads
-    (a misspelt ``--option glid=PATH``) is an error rather than a run with the default drafter (:func:`check_read`)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.asked: set[str] = set()
-
-    def get(self, key, default=None):
-        self.asked.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key):
-        self.asked.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key) -> bool:
-        self.asked.add(key)
-        return super().__contains__(key)
-
-
-def option_strings(options: dict | None) -> MethodOptions:
-    """``--option KEY=VALUE`` values as the methods read them, strings, also when ``run_bench`` is called from
-    Python with numbers or booleans (``{"chain_cost": 0}`` or ``False`` is ``"0"``, not a true value)."""
-    return MethodOptions(
-        {k: ("1" if v else "0") if isinstance(v, bool) else str(v) for k, v in (options or {}).items()}
-    )
-
-
-def check_read(options: MethodOptions, names: list[str]) -> None:
-    """Fail when an ``--option`` key was read by none of the methods (after their setup and warm-up)."""
-    unread = sorted(set(options) - options.asked)
-    if unread:
-        raise SpecDecError(
-            f"--option {', '.join(unread)}: no method of {', '.join(names)} reads it; they read "
-            f"{', '.join(sorted(options.asked)) or 'no options'} (e.g. --option glide=PATH for a GLIDE drafter, "
-            "edd=PATH for EDD's; the method modules' docstrings list each method's options)"
-        )
 
 
 def run_bench(
