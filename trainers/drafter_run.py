@@ -2,9 +2,10 @@
 
 Steps: load the frozen target, build the training / validation rows (``training_rows.py``: packed blocks or whole
 conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing ShareGPT now), build
-``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the drafter there (the recipe), train with ``DrafterTrainer`` (resuming
-from ``get_last_checkpoint(--output-dir)`` with ``--resume``), evaluate, run the recipe's post-training step (EDD:
-confidence calibration), save the drafter, its training curve and model card.
+``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the
+drafter there (the recipe), train with ``DrafterTrainer`` (resuming from ``get_last_checkpoint(--output-dir)`` with
+``--resume``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the drafter, its
+training curve and model card.
 
 Several processes (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``, gloo on a CPU, NCCL
 on GPUs): each runs this on its device, the Trainer shards the batches and syncs gradients (``DrafterTrainer``
@@ -69,9 +70,8 @@ def training_arguments(args):
     from .run_support import shared_training_arguments
 
     shared = shared_training_arguments(args)
-    if whole_conversations(
-        args, "train"
-    ):  # rows of like lengths batch together, so little of a batch is padding
+    # whole-conversation rows of like lengths batch together, so little of a batch is padding
+    if whole_conversations(args, "train"):
         shared.update(
             per_device_train_batch_size=rows_per_batch(args, "train"),
             train_sampling_strategy="group_by_length",

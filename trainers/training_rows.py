@@ -57,7 +57,7 @@ def eval_batch_size(args) -> int:
 def row_source(args, tokenizer, part: str) -> Callable:
     """``(split, limit) -> Dataset`` of ``part``'s rows (module docstring), from a corpus (``--corpus``; for
     validation ``--eval-corpus`` first) or ShareGPT tokenized now."""
-    corpus = (getattr(args, "eval_corpus", None) if part == "eval" else None) or args.corpus
+    corpus = part_corpus(args, part)
     if whole_conversations(args, part):
         length = getattr(args, f"{part}_length")
         if corpus:
@@ -76,9 +76,15 @@ def row_source(args, tokenizer, part: str) -> Callable:
     return lambda split, limit: packed_dataset(tokenizer, split, args.block_size, limit=limit)
 
 
-def eval_source(args) -> str:
-    """Where validation rows come from, in words."""
-    corpus = getattr(args, "eval_corpus", None) or args.corpus
+def part_corpus(args, part: str) -> str | None:
+    """The corpus folder ``part``'s rows come from: ``--corpus``, for validation ``--eval-corpus`` first; None for
+    ShareGPT tokenized now."""
+    return (getattr(args, "eval_corpus", None) if part == "eval" else None) or args.corpus
+
+
+def source_name(args, part: str) -> str:
+    """Where ``part``'s rows come from, in words (the run's log)."""
+    corpus = part_corpus(args, part)
     return f"corpus {corpus}" if corpus else "ShareGPT"
 
 
@@ -103,16 +109,16 @@ def validation_rows(args) -> str:
 
 def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
     """``(train, validation)`` rows: from ``args.corpus`` when given, else tokenized from ShareGPT now; as many
-    training rows as ``max_steps`` global batches take (``processes`` x :func:`rows_per_batch` x accumulation), with
-    a ``length`` column for grouping; no training rows (None) without ``with_train``. Validation: ``--eval-blocks``
+    training rows as ``max_steps`` global batches take (``processes`` x :func:`rows_per_batch` x accumulation), whole
+    conversations with a ``length`` column for grouping; no training rows (None) without ``with_train``. Validation: ``--eval-blocks``
     rows, or else the first that hold ``--eval-tokens`` supervised tokens."""
-    source = f"corpus {args.corpus}" if args.corpus else "ShareGPT"
     train = None
     if with_train:
         n_train = args.max_steps * rows_per_batch(args, "train") * args.grad_accum * processes
         train = row_source(args, tokenizer, "train")("train", n_train)
-        train = train.add_column("length", [len(r) for r in train["input_ids"]])
-        print(f"{source}: {len(train)} train rows, {describe_rows(args, 'train')}")
+        if whole_conversations(args, "train"):
+            train = train.add_column("length", [len(r) for r in train["input_ids"]])
+        print(f"{source_name(args, 'train')}: {len(train)} train rows, {describe_rows(args, 'train')}")
         if len(train) < n_train:
             print(f"{len(train)} train rows for {n_train}: {n_train / len(train):.2f} epochs over them")
     held_out = row_source(args, tokenizer, "eval")
@@ -122,7 +128,7 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
     else:
         size = args.eval_length if whole_conversations(args, "eval") else args.block_size
         valid = validation_blocks(held_out, getattr(args, "eval_tokens", 20000), size)
-    print(f"{eval_source(args)}: {len(valid)} validation rows, {describe_rows(args, 'eval')}")
+    print(f"{source_name(args, 'eval')}: {len(valid)} validation rows, {describe_rows(args, 'eval')}")
     return train, valid
 
 
