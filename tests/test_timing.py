@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hf_specdec.modeling import EddConfig, EddForCausalLM
 
@@ -26,11 +27,11 @@ def test_clock_synchronises_a_cuda_device_and_not_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
     timing.clock(torch.device("cuda", 1))
     assert calls == [torch.device("cuda", 1)]
-    timing.median_seconds(lambda: None, "cuda:0", repeats=3)
-    assert len(calls) == 1 + 2 * 3 and calls[-1] == torch.device("cuda", 0)
+    timing.seconds(lambda: None, "cuda:0")
+    assert len(calls) == 1 + 2 and calls[-1] == torch.device("cuda", 0)
     timing.clock("cpu")
-    timing.median_seconds(lambda: None, torch.device("cpu"), repeats=2)
-    assert len(calls) == 7  # nothing to wait for on the CPU
+    timing.seconds(lambda: None, torch.device("cpu"))
+    assert len(calls) == 3  # nothing to wait for on the CPU
 
 
 def test_verify_cost_and_pld_plus_cost_curve_time_through_the_helper(monkeypatch):
@@ -87,3 +88,28 @@ def test_decoding_statistics_time_through_the_helper(monkeypatch):
     assert meter.calls >= 2 and set(calls) == {torch.device("cpu")}
     # per forward: ForwardMeter's start and end, the loop's verify start and end; plus the loop's draft and total
     assert len(calls) >= 4 * meter.calls + 2
+
+
+def test_drafter_cost_times_both_sides_back_to_back(monkeypatch):
+    """c = s_d / s_t from interleaved samples: a machine whose speed drifts between samples (here 1x to 9x) still
+    gives the drafter's true ratio, as every sample times the target step and the drafter step back to back (timed
+    as two separate medians, the drift would enter the ratio). Every call goes through the device-aware helper."""
+    from hf_specdec.core import drafter_cost as cost
+
+    calls = _record(monkeypatch)
+    target = tiny_llama()
+    edd = EddForCausalLM(EddConfig.for_target(target)).eval()
+    edd.init_from_target(target)
+    edd.attach_target(target)
+    assert cost.drafter_cost(edd, target, context=8, repeats=3) > 0
+    assert set(calls) == {torch.device("cpu")} and len(calls) == 2 * 3 * 3  # target, layer, head per sample
+
+    speeds = iter(s for s in range(1, 10) for _ in range(3))  # one speed per sample: target, layer, head
+
+    def drifting(fn, device):
+        fn()
+        speed = next(speeds)
+        return {"target_step": 1.0, "layer_step": 0.25}.get(getattr(fn, "__name__", ""), 0.05) * speed
+
+    monkeypatch.setattr(cost, "seconds", drifting)
+    assert cost.drafter_cost(edd, target, context=8, repeats=9) == pytest.approx(0.3)

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import torch
 
-from .timing import device_of, median_seconds
+from .timing import device_of, seconds
 
 
 @torch.no_grad()
 def draft_step_costs(
-    drafter, target, sizes: list[int], context: int = 256, rounds: int = 1
+    drafter, target, sizes: list[int], context: int = 256, repeats: int = 31
 ) -> dict[int, float]:
     """``c(V)`` for each V: the drafter's forward over one token (after ``context`` target tokens) plus a V-row head,
-    over the target's one-token forward after the same context, both timed here (median of 20 calls each); with
-    ``rounds`` > 1, the median of that many such ratios over the one prefilled context (one round's ratio drifts by
-    +-20% on a 2-core CPU, as the two sides are timed apart)."""
+    over the target's one-token forward after the same context, both timed here.
+
+    The two sides are timed interleaved: each of ``repeats`` samples times a target step, then the drafter's forward
+    and each head, back to back, and ``c(V)`` is the median of the samples' ratios. A 2-core CPU's speed drifts by
+    +-20% from one second to the next; timed back to back, both sides of a ratio see the same drift, so a few samples
+    give what separately timed medians needed hundreds of calls for (decoding times a drafter on its first step)."""
     from .sliding_window import verification_cache
 
     device = device_of(target)
@@ -37,21 +40,27 @@ def draft_step_costs(
     hidden = torch.randn(1, head.shape[1], dtype=head.dtype, device=device)
     whole = head.shape[0] if drafter.draft_vocab_ids is None else len(drafter.draft_vocab_ids)
     heads = {v: head[: v or whole].contiguous() for v in sizes}
-    samples: dict[int, list[float]] = {v: [] for v in sizes}
-    for _ in range(rounds):
-        t_target = median_seconds(target_step, device)
-        t_layer = median_seconds(
-            lambda: drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context), device
-        )
-        for v, rows in heads.items():
-            t_head = median_seconds(lambda rows=rows: torch.nn.functional.linear(hidden, rows), device)
-            samples[v].append((t_layer + t_head) / t_target)
-    return {v: sorted(s)[len(s) // 2] for v, s in samples.items()}
+
+    def layer_step():
+        drafter(input_ids=ids[:, -1:], return_hidden_states=True, **step_context)
+
+    calls = [target_step, layer_step] + [
+        lambda rows=rows: torch.nn.functional.linear(hidden, rows) for rows in heads.values()
+    ]
+    for fn in calls:  # warm-up, untimed
+        fn()
+    ratios: dict[int, list[float]] = {v: [] for v in sizes}
+    for _ in range(repeats):
+        t_target, t_layer, *t_heads = (seconds(fn, device) for fn in calls)
+        for v, t_head in zip(heads, t_heads):
+            ratios[v].append((t_layer + t_head) / t_target)
+    return {v: sorted(r)[len(r) // 2] for v, r in ratios.items()}
 
 
-def drafter_cost(drafter, target, context: int = 256, rounds: int = 5) -> float:
-    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``, over ``rounds``."""
-    return draft_step_costs(drafter, target, [0], context, rounds)[0]
+def drafter_cost(drafter, target, context: int = 256, repeats: int = 31) -> float:
+    """c of ``drafter`` with its own head (its draft vocabulary, or the whole one) on ``target``: the median of
+    ``repeats`` interleaved samples."""
+    return draft_step_costs(drafter, target, [0], context, repeats)[0]
 
 
 def costs_by_dtype(drafter, target) -> dict:

@@ -43,12 +43,8 @@ def untimed(device: torch.device | str) -> float:
     return 0.0
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device | str, repeats: int = 20) -> float:
-    """Median seconds of ``fn()`` on ``device`` over ``repeats`` timed calls, after one untimed warm-up call."""
+def seconds(fn: Callable[[], object], device: torch.device | str) -> float:
+    """Seconds of one call of ``fn()`` on ``device``."""
+    t0 = clock(device)
     fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = clock(device)
-        fn()
-        samples.append(clock(device) - t0)
-    return sorted(samples)[len(samples) // 2]
+    return clock(device) - t0
