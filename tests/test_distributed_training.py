@@ -7,19 +7,25 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 
-def _launch(cmd: list[str]) -> None:
+def _launch(*cmds: list[str]) -> None:
+    """Run the commands side by side (one thread each: this machine's two cores) and wait for all of them."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    logs = [tempfile.TemporaryFile("w+") for _ in cmds]  # not pipes: a full pipe would stall its process
+    running = [subprocess.Popen(c, env=env, stdout=log, stderr=log) for c, log in zip(cmds, logs)]
+    for process, log in zip(running, logs):
+        process.wait(timeout=900)
+        log.seek(0)
+        assert process.returncode == 0, log.read()[-3000:]
 
 
-def _train(out, corpus, *launcher_and_batch: str) -> dict:
+def _train_command(out, corpus, *launcher_and_batch: str) -> list[str]:
     *launcher, batch, accum = launcher_and_batch
-    cmd = [
+    return [
         *launcher,
         "-m",
         "hf_specdec.cli",
@@ -41,7 +47,9 @@ def _train(out, corpus, *launcher_and_batch: str) -> dict:
             "--measure-prompts 0 --no-card-cost --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3".split()
         ),
     ]
-    _launch(cmd)
+
+
+def _trained(out) -> dict:
     from safetensors.torch import load_file
 
     card = json.loads((out / "model_card.json").read_text())
@@ -57,10 +65,13 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
     corpus = tmp_path / "corpus"
     build_corpus(real_target[1], corpus, limit_conversations=12)
     python = [sys.executable]
-    one = _train(tmp_path / "one", corpus, *python, "4", "1")
-    accumulated = _train(tmp_path / "accum", corpus, *python, "2", "2")
+    _launch(
+        _train_command(tmp_path / "one", corpus, *python, "4", "1"),
+        _train_command(tmp_path / "accum", corpus, *python, "2", "2"),
+    )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    two = _train(tmp_path / "two", corpus, *torchrun, "2", "1")
+    _launch(_train_command(tmp_path / "two", corpus, *torchrun, "2", "1"))
+    one, accumulated, two = (_trained(tmp_path / name) for name in ("one", "accum", "two"))
 
     for other in (accumulated, two):
         assert other["weights"].keys() == one["weights"].keys()
