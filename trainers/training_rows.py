@@ -110,8 +110,8 @@ def validation_rows(args) -> str:
 def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
     """``(train, validation)`` rows: from ``args.corpus`` when given, else tokenized from ShareGPT now; as many
     training rows as ``max_steps`` global batches take (``processes`` x :func:`rows_per_batch` x accumulation), whole
-    conversations with a ``length`` column for grouping; no training rows (None) without ``with_train``. Validation: ``--eval-blocks``
-    rows, or else the first that hold ``--eval-tokens`` supervised tokens."""
+    conversations with a ``length`` column for grouping; no training rows (None) without ``with_train``.
+    Validation: ``--eval-blocks`` rows, or else the first that hold ``--eval-tokens`` supervised tokens."""
     train = None
     if with_train:
         n_train = args.max_steps * rows_per_batch(args, "train") * args.grad_accum * processes

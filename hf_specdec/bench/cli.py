@@ -64,7 +64,10 @@ def add_parser(sub) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="method option, e.g. --option glide=PATH, --option edd=PATH, --option gamma=3 (repeatable; a key no method reads is an error)",
+        help=(
+            "method option, e.g. --option glide=PATH, --option edd=PATH, --option gamma=3 "
+            "(repeatable; a key no method reads is an error)"
+        ),
     )
     p.add_argument(
         "--temperature",

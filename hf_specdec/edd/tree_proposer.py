@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core.draft_budget import DraftBudget, DraftGate, measured_drafter_cost, shared_gate
-from ..core.timing import clock, device_of
+from ..core.timing import clock, device_of, seconds
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer
 from ..core.verify_cost import measured_cost
@@ -126,15 +126,13 @@ class EddTreeProposer(TreeProposer):
         """First estimates of s_d and s_t on this machine: timed forwards over a short slice of the prompt."""
         ids = input_ids[:, -8:]
         model(input_ids=ids)  # warm-up
-        t0 = clock(ids.device)
-        model(input_ids=ids)
-        s_t = clock(ids.device) - t0
+        s_t = seconds(lambda: model(input_ids=ids), ids.device)
         state = EddDraftState(self.edd)
         state.push_hidden(self.edd.embed(ids[:, :-1]))
         state.root_step(ids)  # warm-up
-        t0 = clock(ids.device)
-        self.edd.draft_logits(state.chain_step(ids[:, -1:], ids.shape[1])).softmax(-1)
-        s_d = clock(ids.device) - t0
+        s_d = seconds(
+            lambda: self.edd.draft_logits(state.chain_step(ids[:, -1:], ids.shape[1])).softmax(-1), ids.device
+        )
         self.timer.calibrate(s_d, s_t)
         self.calibrated = True
 
