@@ -47,6 +47,24 @@ def test_verify_cost_and_pld_plus_cost_curve_time_through_the_helper(monkeypatch
     assert calls and set(calls) == {torch.device("cpu")}
 
 
+def test_cost_curve_times_its_sizes_back_to_back(monkeypatch):
+    """c(q) from interleaved samples: with the machine's speed drifting 1x to 9x between samples, the curve still
+    holds the true ratio t(4) / t(1) = 2.5 (each sample times every size back to back; timing all of q = 1 first,
+    then all of q = 4, would put the drift into the ratio)."""
+    from hf_specdec.core import verify_cost
+
+    order = iter(range(100))
+
+    def drifting(fn, device):
+        fn()
+        i = next(order)  # sample i // 2; q = 1, then q = 4 in each
+        return (1.0, 2.5)[i % 2] * (1 + i // 2)
+
+    monkeypatch.setattr(verify_cost, "seconds", drifting)
+    times = forward_times(tiny_llama(), torch.arange(3, 40), sizes=(4, 1), repeats=9)
+    assert times[4] / times[1] == pytest.approx(2.5) and verify_cost.CostCurve(times)(4) == pytest.approx(2.5)
+
+
 def test_pct_step_timer_times_through_the_helper(monkeypatch):
     calls = _record(monkeypatch)
     target = tiny_llama()

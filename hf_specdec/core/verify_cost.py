@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .timing import clock, device_of
+from .timing import device_of, seconds
 
 SIZES = (
     1,
@@ -27,26 +27,33 @@ _ATTR = "_hf_specdec_verify_cost"
 def forward_times(
     model, context: torch.Tensor, sizes: list[int] | tuple[int, ...], repeats: int = 3, batch: int = 1
 ) -> dict:
-    """Median seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``, in ``batch``
-    identical rows, into the cache the verification loops use (full layers: ``sliding_window.verification_cache``)."""
+    """Seconds of a cached forward of ``q`` query tokens after the 1-D token ids ``context``, in ``batch``
+    identical rows, into the cache the verification loops use (full layers: ``sliding_window.verification_cache``).
+
+    The sizes are timed interleaved: each of ``repeats`` samples times every size back to back, and ``t(q)`` is the
+    median ``t(1)`` times the median of the samples' ratios ``t(q) / t(1)`` (the smallest size stands in for 1).
+    A CPU's speed drifts from one second to the next; timed back to back, both sides of a ratio see the same
+    drift, as in ``drafter_cost.draft_step_costs``. What the loops use is the ratio, ``c(q)``."""
     from .sliding_window import verification_cache
 
     cache = verification_cache(model, None)
     device = device_of(model)
     context = context.to(device)
     model(context[None].repeat(batch, 1), past_key_values=cache, logits_to_keep=1)
-    times = {}
-    for q in sizes:
-        samples = []
-        for _ in range(repeats):
-            x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
-            x = x.repeat(batch, 1)
-            t0 = clock(device)
-            model(x, past_key_values=cache, logits_to_keep=q)
-            samples.append(clock(device) - t0)
-            cache.crop(-q)
-        times[q] = sorted(samples)[len(samples) // 2]
-    return times
+
+    def step(q: int) -> None:
+        x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
+        model(x.repeat(batch, 1), past_key_values=cache, logits_to_keep=q)
+        cache.crop(-q)
+
+    sizes = sorted(sizes)
+    samples = [[seconds(lambda q=q: step(q), device) for q in sizes] for _ in range(repeats)]
+    base = _median([s[0] for s in samples])
+    return {q: base * _median([s[i] / s[0] for s in samples]) for i, q in enumerate(sizes)}
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def interpolate(times: dict[int, float], q: int) -> float:
