@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .timing import device_of, seconds
+from .timing import device_of, median, seconds
 
 
 @torch.no_grad()
@@ -54,7 +54,7 @@ def draft_step_costs(
         t_target, t_layer, *t_heads = (seconds(fn, device) for fn in calls)
         for v, t_head in zip(heads, t_heads):
             ratios[v].append((t_layer + t_head) / t_target)
-    return {v: sorted(r)[len(r) // 2] for v, r in ratios.items()}
+    return {v: median(r) for v, r in ratios.items()}
 
 
 def drafter_cost(drafter, target, context: int = 256, repeats: int = 31) -> float:

@@ -48,3 +48,8 @@ def seconds(fn: Callable[[], object], device: torch.device | str) -> float:
     t0 = clock(device)
     fn()
     return clock(device) - t0
+
+
+def median(samples: list[float]) -> float:
+    """The middle of ``samples`` (the upper one of an even count): what a cost takes of its timed samples."""
+    return sorted(samples)[len(samples) // 2]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .timing import device_of, seconds
+from .timing import device_of, median, seconds
 
 SIZES = (
     1,
@@ -48,12 +48,8 @@ def forward_times(
 
     sizes = sorted(sizes)
     samples = [[seconds(lambda q=q: step(q), device) for q in sizes] for _ in range(repeats)]
-    base = _median([s[0] for s in samples])
-    return {q: base * _median([s[i] / s[0] for s in samples]) for i, q in enumerate(sizes)}
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    base = median([s[0] for s in samples])
+    return {q: base * median([s[i] / s[0] for s in samples]) for i, q in enumerate(sizes)}
 
 
 def interpolate(times: dict[int, float], q: int) -> float:
