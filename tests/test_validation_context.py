@@ -112,6 +112,37 @@ def test_training_rows_can_be_whole_conversations(tmp_path):
     assert train_tokens(_args(tmp_path, max_steps=3), packed, steps=3, processes=2) == 6 * 8
 
 
+def test_skip_train_rows_continues_on_unseen_rows(tmp_path):
+    """``--skip-train-rows N``: the run's rows are the split's rows after the first N (continued training on text
+    a warm-start drafter has not seen), packed or whole; the card's data line says so; bad values fail early."""
+    from hf_specdec.trainers.training_rows import describe_rows, skipped_rows, training_blocks
+
+    convs = [list(range(10, 18)), list(range(20, 28)), list(range(30, 38)), list(range(40, 48))]
+    _write_corpus(tmp_path / "c", convs, supervised_from=0)
+    packed, _ = training_blocks(_args(tmp_path / "c", max_steps=2, skip_train_rows=1), None)
+    assert packed["input_ids"] == [convs[1], convs[2]]
+    args = _args(tmp_path / "c", max_steps=2, skip_train_rows=3, train_context="conversation", train_length=8)
+    assert training_blocks(args, None)[0]["input_ids"] == [convs[3]]
+    assert describe_rows(args, "train").endswith("after the split's first 3 rows")
+    with pytest.raises(SpecDecError, match="holds only 4 rows; skip fewer"):
+        training_blocks(_args(tmp_path / "c", skip_train_rows=4), None)
+    with pytest.raises(SpecDecError, match="0 or more"):
+        skipped_rows(_args(tmp_path, skip_train_rows=-1))
+    with pytest.raises(SpecDecError, match="feature store"):
+        skipped_rows(_args(tmp_path, skip_train_rows=5, features="store"))
+
+
+def test_warm_start_card_counts_the_tokens_before(tmp_path):
+    """A continued run's card adds the tokens its ``--init-from`` drafter's card records (or their total)."""
+    from hf_specdec.trainers.drafter_run import warm_start_tokens
+
+    (tmp_path / "model_card.json").write_text(json.dumps({"train_tokens": 1000}))
+    assert warm_start_tokens(argparse.Namespace(init_from=str(tmp_path)), 24) == {"train_tokens_total": 1024}
+    (tmp_path / "model_card.json").write_text(json.dumps({"train_tokens": 1000, "train_tokens_total": 3000}))
+    assert warm_start_tokens(argparse.Namespace(init_from=str(tmp_path)), 24) == {"train_tokens_total": 3024}
+    assert warm_start_tokens(argparse.Namespace(init_from=None), 24) == {}
+
+
 def test_conversation_training_rows_are_checked_early(tmp_path):
     from hf_specdec.trainers.training_rows import whole_conversations
 

@@ -15,6 +15,7 @@ metrics are summed over processes, and the main process alone writes the drafter
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -31,6 +32,7 @@ from .training_rows import (
     describe_rows,
     eval_batch_size,
     rows_per_batch,
+    skipped_rows,
     train_tokens,
     training_blocks,
     validation_rows,
@@ -117,6 +119,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     unrolled = unrolled_options(args)  # checked before the target loads
     whole_conversations(args)  # likewise --eval-length
     whole_conversations(args, "train")  # and --train-length (not with --features)
+    skipped_rows(args)  # and --skip-train-rows
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
@@ -181,6 +184,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         ),
         "steps": steps,
         "train_tokens": train_tokens(args, None if store else train, steps, targs.world_size),
+        **warm_start_tokens(args, train_tokens(args, None if store else train, steps, targs.world_size)),
         "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if targs.bf16 else ''}), "
         f"batch {args.batch_size}x{args.grad_accum}"
         + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")
@@ -220,6 +224,17 @@ def final_validation(trainer) -> dict:
         if "eval_loss" in logged and logged.get("step") == step:
             return {k: v for k, v in logged.items() if k != "step"}
     return trainer.evaluate()
+
+
+def warm_start_tokens(args, tokens: int) -> dict:
+    """``{"train_tokens_total": ...}``: this run's tokens plus those its ``--init-from`` drafter's card records; empty
+    without a warm start or a card that says."""
+    card = Path(args.init_from) / "model_card.json" if getattr(args, "init_from", None) else None
+    if card is None or not card.is_file():
+        return {}
+    info = json.loads(card.read_text())
+    before = info.get("train_tokens_total", info.get("train_tokens"))
+    return {"train_tokens_total": before + tokens} if isinstance(before, int) else {}
 
 
 def warm_start(drafter, path: str, target) -> None:

@@ -56,6 +56,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="start from a saved drafter's weights (and draft vocabulary) instead of --init: continued training",
     )
+    p.add_argument(
+        "--skip-train-rows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train on the rows after the split's first N (continued training on text the --init-from drafter has "
+        "not seen: its card's steps x batch)",
+    )
 
 
 def add_precision_argument(p: argparse.ArgumentParser) -> None:

@@ -39,6 +39,19 @@ def whole_conversations(args, part: str = "eval") -> bool:
     return whole
 
 
+def skipped_rows(args) -> int:
+    """``--skip-train-rows``, checked: 0 or more, and not with a feature store (whose blocks are its own)."""
+    skip = getattr(args, "skip_train_rows", 0) or 0
+    if skip < 0:
+        raise SpecDecError(f"--skip-train-rows must be 0 or more (got {skip})")
+    if skip and getattr(args, "features", None):
+        raise SpecDecError(
+            "--skip-train-rows picks rows of --corpus or ShareGPT; a feature store (--features) holds its own "
+            "blocks. Write the store from the rows you want instead"
+        )
+    return skip
+
+
 def rows_per_batch(args, part: str = "eval") -> int:
     """Rows per batch and process: ``--batch-size`` packed blocks, or the whole conversations that hold as many
     tokens at most (one at least for training, two for validation)."""
@@ -90,9 +103,11 @@ def source_name(args, part: str) -> str:
 
 def describe_rows(args, part: str) -> str:
     """``part``'s rows in words (the run's log and the model card)."""
+    skipped = skipped_rows(args) if part == "train" else 0
+    skip = f", after the split's first {skipped} rows" if skipped else ""
     if whole_conversations(args, part):
-        return f"whole conversations from their start, {getattr(args, f'{part}_length')} tokens at most"
-    return f"packed blocks of {args.block_size} tokens"
+        return f"whole conversations from their start, {getattr(args, f'{part}_length')} tokens at most{skip}"
+    return f"packed blocks of {args.block_size} tokens{skip}"
 
 
 def validation_rows(args) -> str:
@@ -109,13 +124,22 @@ def validation_rows(args) -> str:
 
 def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
     """``(train, validation)`` rows: from ``args.corpus`` when given, else tokenized from ShareGPT now; as many
-    training rows as ``max_steps`` global batches take (``processes`` x :func:`rows_per_batch` x accumulation), whole
+    training rows as ``max_steps`` global batches take (``processes`` x :func:`rows_per_batch` x accumulation), after
+    the split's first ``--skip-train-rows`` (continued training on unseen text), whole
     conversations with a ``length`` column for grouping; no training rows (None) without ``with_train``.
     Validation: ``--eval-blocks`` rows, or else the first that hold ``--eval-tokens`` supervised tokens."""
     train = None
     if with_train:
         n_train = args.max_steps * rows_per_batch(args, "train") * args.grad_accum * processes
-        train = row_source(args, tokenizer, "train")("train", n_train)
+        skip = skipped_rows(args)
+        train = row_source(args, tokenizer, "train")("train", skip + n_train)
+        if skip:
+            if len(train) <= skip:
+                raise SpecDecError(
+                    f"--skip-train-rows {skip}: the train split holds only {len(train)} rows; skip fewer"
+                )
+            train = train.select(range(skip, len(train)))
+            print(f"skipped the split's first {skip} train rows")
         if whole_conversations(args, "train"):
             train = train.add_column("length", [len(r) for r in train["input_ids"]])
         print(f"{source_name(args, 'train')}: {len(train)} train rows, {describe_rows(args, 'train')}")
