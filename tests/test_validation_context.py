@@ -143,6 +143,18 @@ def test_warm_start_card_counts_the_tokens_before(tmp_path):
     assert warm_start_tokens(argparse.Namespace(init_from=None), 24) == {}
 
 
+def test_card_architecture_says_how_the_drafter_started():
+    """The architecture line names a warm start and the draft vocabulary it kept, not ``--init`` and no vocabulary."""
+    from hf_specdec.trainers.drafter_card import draft_vocab_words, init_words
+
+    config = argparse.Namespace(draft_vocab_size=8192)
+    assert init_words(argparse.Namespace(init="target", init_from=None)) == "init target"
+    assert init_words(argparse.Namespace(init="target", init_from="runs/edd")) == "warm start (--init-from)"
+    assert draft_vocab_words(config, 0.952) == "8192 (coverage 95.2%)"
+    assert draft_vocab_words(config, None) == "8192 (the --init-from drafter's)"
+    assert draft_vocab_words(argparse.Namespace(draft_vocab_size=None), None) is None
+
+
 def test_conversation_training_rows_are_checked_early(tmp_path):
     from hf_specdec.trainers.training_rows import whole_conversations
 

@@ -36,6 +36,19 @@ NOT_METRICS = {
 }
 
 
+def init_words(args) -> str:
+    """How the run's drafter started, for its card's architecture line: ``--init`` or a warm start (``--init-from``)."""
+    return "warm start (--init-from)" if getattr(args, "init_from", None) else f"init {args.init}"
+
+
+def draft_vocab_words(config, coverage: float | None) -> str | None:
+    """The drafter's reduced draft vocabulary in words: sized by this run (``coverage`` of its supervised tokens),
+    kept from the ``--init-from`` drafter, or None for the full vocabulary."""
+    if coverage is not None:
+        return f"{config.draft_vocab_size} (coverage {coverage:.1%})"
+    return f"{config.draft_vocab_size} (the --init-from drafter's)" if config.draft_vocab_size else None
+
+
 def base_model_id(target: dict) -> str | None:
     """The target's Hub id: recorded (``hub_id``) or known from its recorded name; None when neither."""
     return target.get("hub_id") or HUB_IDS.get(target.get("name", ""))
@@ -105,7 +118,8 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
         print(
             f"model card: target {info['target'].get('name')!r} has no known Hub id, so no base_model is set"
         )
-    regenerated = str(info.get("data", "")).startswith("regenerated")
+    # the validation text's source: recorded since --eval-corpus (validation on other text than training's)
+    regenerated = str(info.get("validation_source", info.get("data", ""))).startswith("regenerated")
     results = _results(
         info.get("validation", {}),
         "sharegpt-regenerated" if regenerated else "sharegpt",

@@ -31,6 +31,7 @@ from hf_specdec.errors import SpecDecError
 from .training_rows import (
     describe_rows,
     eval_batch_size,
+    part_corpus,
     rows_per_batch,
     skipped_rows,
     train_tokens,
@@ -198,6 +199,9 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         + (f", warm start {args.init_from}" if getattr(args, "init_from", None) else ""),
         "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
         "validation_rows": validation_rows(args),
+        "validation_source": corpus_source(part_corpus(args, "eval"))
+        if part_corpus(args, "eval")
+        else "ShareGPT",
         **extra,
         "command": "hf-specdec " + shlex.join(sys.argv[1:])
         if sys.argv and "hf-specdec" in sys.argv[0]

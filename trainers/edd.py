@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from hf_specdec.trainers.drafter_card import drafter_card_data, usage_snippet
+from hf_specdec.trainers.drafter_card import draft_vocab_words, drafter_card_data, init_words, usage_snippet
 from hf_specdec.trainers.run_options import (
     add_job_arguments,
     add_run_arguments,
@@ -111,8 +111,10 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("data", "data"),
         ("steps", "optimizer steps"),
         ("train_tokens", "training tokens (packed, incl. unsupervised)"),
+        ("train_tokens_total", "training tokens with the --init-from drafter's"),
         ("budget", "budget"),
-        ("validation", "validation (held-out ShareGPT, L = 5)"),
+        ("validation", "validation (held-out, L = 5)"),
+        ("validation_rows", "validation rows"),
         ("calibration", "confidence calibration for PCT (validation, `hf-specdec calibrate`)"),
         ("measured", "measured (greedy, mt-bench)"),
         ("cost", "drafter cost c (one draft forward / one target forward, `core/drafter_cost.py`)"),
@@ -158,12 +160,8 @@ def _architecture(args, drafter, coverage) -> str:
     return (
         f"1 {config.layer_config['model_type']} decoder layer (hidden {config.hidden_size}), soft prompt = "
         + (f"target hidden_states[{config.encoder_layer}]" if config.soft_prompt else "none (ablation)")
-        + f", dual-block mask L ~ U[{config.block_min}, {config.block_max}], loss {config.loss}, init {args.init}"
-        + (
-            f", draft vocab {config.draft_vocab_size} (coverage {coverage:.1%})"
-            if coverage is not None
-            else ""
-        )
+        + f", dual-block mask L ~ U[{config.block_min}, {config.block_max}], loss {config.loss}, {init_words(args)}"
+        + (f", draft vocab {vocab}" if (vocab := draft_vocab_words(config, coverage)) else "")
     )
 
 

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from hf_specdec.trainers.drafter_card import drafter_card_data, usage_snippet
+from hf_specdec.trainers.drafter_card import draft_vocab_words, drafter_card_data, init_words, usage_snippet
 from hf_specdec.trainers.run_options import (
     add_job_arguments,
     add_run_arguments,
@@ -108,8 +108,10 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("data", "data"),
         ("steps", "optimizer steps"),
         ("train_tokens", "training tokens (packed, incl. unsupervised)"),
+        ("train_tokens_total", "training tokens with the --init-from drafter's"),
         ("budget", "budget"),
-        ("validation", "validation (held-out ShareGPT)"),
+        ("validation", "validation (held-out)"),
+        ("validation_rows", "validation rows"),
         ("measured", "measured (greedy, `target.generate(assistant_model=...)`)"),
         ("bench", "bench"),
         ("cost", "drafter cost c (one draft forward / one target forward, `core/drafter_cost.py`)"),
@@ -156,9 +158,8 @@ def _architecture(args, drafter, coverage) -> str:
             if config.cross_attention
             else "no cross-attention, "
         )
-        + f"block mask L={config.block_size}, draft vocab "
-        + (f"{config.draft_vocab_size} (coverage {coverage:.1%})" if coverage is not None else "full")
-        + f", init {args.init}"
+        + f"block mask L={config.block_size}, draft vocab {draft_vocab_words(config, coverage) or 'full'}"
+        + f", {init_words(args)}"
     )
 
 
