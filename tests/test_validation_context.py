@@ -224,6 +224,8 @@ def test_conversation_training_batches_group_rows_by_length(tmp_path):
     assert (conv.per_device_train_batch_size, conv.train_sampling_strategy) == (4, "group_by_length")
     packed = training_arguments(p.parse_args(base))
     assert (packed.per_device_train_batch_size, packed.train_sampling_strategy) == (8, "random")
+    # the Trainer writes args.use_cache into the drafter's config, which is saved with it: keep it decoding-ready
+    assert packed.use_cache is True
 
 
 def test_the_final_validation_is_not_run_twice():

@@ -86,6 +86,7 @@ def training_arguments(args):
         weight_decay=0.0,
         warmup_steps=args.warmup_steps,
         disable_tqdm=False,
+        use_cache=True,  # the Trainer sets the drafter's config.use_cache to this, and the saved config keeps it
     )
 
 
