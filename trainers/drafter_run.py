@@ -173,6 +173,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         else f"{torch.get_num_threads()} CPU threads"
     )
     steps = trainer.state.global_step
+    tokens = train_tokens(args, None if store else train, steps, targs.world_size)
     info = {
         "target": getattr(drafter.config, drafter.fingerprint_field),
         **recipe.extra_info(drafter),
@@ -185,8 +186,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
             + ")"
         ),
         "steps": steps,
-        "train_tokens": train_tokens(args, None if store else train, steps, targs.world_size),
-        **warm_start_tokens(args, train_tokens(args, None if store else train, steps, targs.world_size)),
+        "train_tokens": tokens,
+        **warm_start_tokens(args, tokens),
         "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if targs.bf16 else ''}), "
         f"batch {args.batch_size}x{args.grad_accum}"
         + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")
