@@ -139,7 +139,6 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
                     f"--skip-train-rows {skip}: the train split holds only {len(train)} rows; skip fewer"
                 )
             train = train.select(range(skip, len(train)))
-            print(f"skipped the split's first {skip} train rows")
         if whole_conversations(args, "train"):
             train = train.add_column("length", [len(r) for r in train["input_ids"]])
         print(f"{source_name(args, 'train')}: {len(train)} train rows, {describe_rows(args, 'train')}")
