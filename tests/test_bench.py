@@ -233,7 +233,8 @@ def test_a_method_on_a_model_of_its_own_is_judged_against_that_model(tiny_byte_p
     line = f"model: {plain} for every method but `space`, which decoded {sar} (lossless against plain"
     assert line in (tmp_path / "report.md").read_text()
     assert ar["lossless"] and space["lossless"] and space["identical"] == 2
-    assert space["speedup"] == round(space["tokens_per_s"] / ar["tokens_per_s"], 4)
+    # speedup is computed from the unrounded rates, so it may differ from the rounded ones' ratio in the last digit
+    assert space["speedup"] == pytest.approx(space["tokens_per_s"] / ar["tokens_per_s"], abs=2e-4)
     if batch_size > 1:
         assert space["row_alone_identical"] == 2
 
