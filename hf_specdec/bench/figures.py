@@ -6,11 +6,13 @@ that fill the records are ``core/stats.ForwardMeter`` / ``DrafterMeter`` and ``c
 
 from __future__ import annotations
 
+from hf_specdec.core.timing import median
+
 
 def one_token_forward(records: list[dict]) -> float | None:
     """The median one-token target forward of ``ar``'s ``records`` (seconds): the unit of the per-step split."""
-    times = sorted(r["one_token_forward"] for r in records if r.get("one_token_forward"))
-    return times[len(times) // 2] if times else None
+    times = [r["one_token_forward"] for r in records if r.get("one_token_forward")]
+    return median(times) if times else None
 
 
 def step_split(records: list[dict], unit: float | None, syncs: list[int] | None = None) -> dict:

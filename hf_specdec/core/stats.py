@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .timing import clock, device_of
+from .timing import clock, device_of, median
 
 
 @dataclass
@@ -95,8 +95,8 @@ class ForwardMeter:
 
     def one_token_forward(self) -> float | None:
         """Median seconds of the one-token forwards (plain decoding steps) seen, ``None`` if there were none."""
-        times = sorted(t for t, q in zip(self.times, self.query_lengths) if q == 1)
-        return times[len(times) // 2] if times else None
+        times = [t for t, q in zip(self.times, self.query_lengths) if q == 1]
+        return median(times) if times else None
 
     def __enter__(self) -> ForwardMeter:
         self._handles = [
