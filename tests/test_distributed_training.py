@@ -70,7 +70,11 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
         _train_command(tmp_path / "accum", corpus, *python, "2", "2"),
     )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    _launch(_train_command(tmp_path / "two", corpus, *torchrun, "2", "1"))
+    evaluate = [*_train_command(tmp_path / "evaluated", corpus, *python, "4", "1"), "--eval-only"]
+    _launch(
+        _train_command(tmp_path / "two", corpus, *torchrun, "2", "1"),
+        [*evaluate, "--init-from", str(tmp_path / "one")],
+    )
     one, accumulated, two = (_trained(tmp_path / name) for name in ("one", "accum", "two"))
 
     for other in (accumulated, two):
@@ -83,6 +87,14 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
         for k, v in expected.items():
             assert metrics[k] == pytest.approx(v, abs=2e-4), k
     assert one["card"]["train_tokens"] == two["card"]["train_tokens"] == 2 * 4 * 64
+    # --eval-only on the saved drafter: the run's own final validation, from the saved files, and nothing trained
+    evaluated = json.loads((tmp_path / "evaluated" / "eval_results.json").read_text())
+    assert evaluated["drafter"] == str(tmp_path / "one")
+    for k, v in one["card"]["validation"].items():
+        if k not in ("epoch", "runtime", "samples_per_second", "steps_per_second"):
+            assert evaluated[f"eval_{k}"] == pytest.approx(v, abs=2e-4), k
+    assert evaluated["validation_rows"] == one["card"]["validation_rows"]
+    assert not (tmp_path / "evaluated" / "model.safetensors").exists()
     assert "x2 processes" in two["card"]["budget"]
     # --no-card-cost: c is not timed (test_calibration checks a card that has it)
     assert "cost" not in one["card"]

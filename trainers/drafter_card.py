@@ -95,12 +95,15 @@ def usage_snippet(kind: str, folder: str | Path, target_name: str | None = None)
     return lines
 
 
-def _results(values: dict, dataset: str, name: str, split: str | None) -> list[EvalResult]:
+def _results(
+    values: dict, dataset: str, name: str, split: str | None, config: str | None = None
+) -> list[EvalResult]:
     return [
         EvalResult(
             task_type="text-generation",
             dataset_type=dataset,
             dataset_name=name,
+            dataset_config=config,
             dataset_split=split,
             metric_type=key,
             metric_name=key,
@@ -111,6 +114,17 @@ def _results(values: dict, dataset: str, name: str, split: str | None) -> list[E
     ]
 
 
+def _validation_results(figures: dict, source: str, rows: str, config: str | None = None) -> list[EvalResult]:
+    """``model-index`` results of one validation: its ``figures`` on ``rows`` of ShareGPT or, when ``source`` says
+    so, of ShareGPT prompts answered by the target (``--eval-corpus`` of a regenerated corpus). The Hub groups results
+    by dataset type, config and split, so each later validation has a config of its own (``eval-only-N``)."""
+    regenerated = source.startswith("regenerated")
+    name = f"{'ShareGPT prompts answered by the target' if regenerated else 'ShareGPT'} ({rows})"
+    return _results(
+        figures, "sharegpt-regenerated" if regenerated else "sharegpt", name, "validation", config
+    )
+
+
 def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
     """The YAML metadata of a drafter's card from its ``model_card.json`` ``info`` (module docstring)."""
     base = base_model_id(info["target"])
@@ -119,14 +133,13 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
             f"model card: target {info['target'].get('name')!r} has no known Hub id, so no base_model is set"
         )
     # the validation text's source: recorded since --eval-corpus (validation on other text than training's)
-    regenerated = str(info.get("validation_source", info.get("data", ""))).startswith("regenerated")
-    results = _results(
+    results = _validation_results(
         info.get("validation", {}),
-        "sharegpt-regenerated" if regenerated else "sharegpt",
-        f"{'ShareGPT prompts answered by the target' if regenerated else 'ShareGPT'} "
-        f"({info.get('validation_rows', 'held-out validation blocks')})",
-        "validation",
+        str(info.get("validation_source", info.get("data", ""))),
+        info.get("validation_rows", "held-out validation blocks"),
     )
+    for i, e in enumerate(info.get("evaluations", []), 1):  # the same weights validated later (--add-to-card)
+        results += _validation_results(e["figures"], e["source"], e["rows"], f"eval-only-{i}")
     method_tags = METHOD_TAGS[kind]
     if kind == "glide" and info.get("cross_attention") is False:  # the paper's ablation drafter (§5.2)
         method_tags = ["vanilla-draft"]
@@ -146,6 +159,45 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
     )
 
 
+EVALUATIONS = "## Validated again (`--eval-only`)"
+
+
+def evaluations_section(evaluations: list[dict]) -> str:
+    """The card's section of later validations of the same weights (``model_card.json``'s ``evaluations``)."""
+    lines = [
+        EVALUATIONS,
+        "",
+        "The same weights, validated after training (`hf-specdec train glide|edd --eval-only --add-to-card`):",
+        "",
+        "| validation rows | tokens | KL | top-1 | top-1 at round starts | alpha |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for e in evaluations:
+        f = e["figures"]
+        cells = [f.get(k, "") for k in ("tokens", "kl", "top1_match", "top1_round_start", "alpha")]
+        lines.append(f"| {e['rows']} | " + " | ".join(str(c) for c in cells) + " |")
+    lines += ["", *(f"- `{e['command']}`" for e in evaluations if e.get("command")), ""]
+    return "\n".join(lines)
+
+
+def add_evaluation(folder: str | Path, evaluation: dict, kind: str) -> Path:
+    """Record ``evaluation`` (``{"rows", "source", "figures", "command"}``) in the drafter card of ``folder``: in
+    ``model_card.json``'s ``evaluations`` (replacing one on the same rows) and its README (:func:`refresh_card`)."""
+    folder = Path(folder)
+    card = folder / "model_card.json"
+    if not card.is_file() or not (folder / "README.md").is_file():
+        raise SpecDecError(
+            f"--add-to-card: {folder} has no model_card.json and README.md (cards of `hf-specdec train` runs); "
+            "drop --add-to-card, the figures are in eval_results.json"
+        )
+    info = json.loads(card.read_text())
+    same = (evaluation["rows"], evaluation["source"])
+    kept = [e for e in info.get("evaluations", []) if (e["rows"], e["source"]) != same]
+    info["evaluations"] = [*kept, evaluation]
+    card.write_text(json.dumps(info, indent=1))
+    return refresh_card(folder, kind)
+
+
 def refresh_card(folder: str | Path, kind: str, snippet_folder: str | Path | None = None) -> Path:
     """Rewrite ``folder/README.md`` as a Hub card: the metadata from ``model_card.json``, today's body with its
     usage block replaced by :func:`usage_snippet` (for ``snippet_folder``, default ``folder``); returns its path."""
@@ -159,6 +211,11 @@ def refresh_card(folder: str | Path, kind: str, snippet_folder: str | Path | Non
         raise SpecDecError(f"{readme} has no ```python usage block to refresh")
     snippet = "\n".join(usage_snippet(kind, snippet_folder or folder, info["target"].get("name")))
     body = body[:start] + snippet + body[end + 3 :]
+    if info.get("evaluations"):  # the section is the card's last, or stops at the next second-level heading
+        at = body.find(EVALUATIONS)
+        after = body.find("\n## ", at + len(EVALUATIONS)) if at >= 0 else -1
+        head = body[:at] if at >= 0 else body.rstrip("\n") + "\n\n"
+        body = head + evaluations_section(info["evaluations"]) + (body[after + 1 :] if after >= 0 else "")
     title = body.lstrip().splitlines()[0].lstrip("# ").strip()
     card = ModelCard(f"---\n{drafter_card_data(info, kind, title).to_yaml()}\n---\n{body.lstrip()}")
     card.save(readme)

@@ -5,7 +5,8 @@ conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing Share
 ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the
 drafter there (the recipe), train with ``DrafterTrainer`` (resuming from ``get_last_checkpoint(--output-dir)`` with
 ``--resume``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the drafter, its
-training curve and model card.
+training curve and model card. ``--eval-only`` stops after building the ``Trainer``: it validates the ``--init-from``
+drafter and writes ``eval_results.json``.
 
 Several processes (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``, gloo on a CPU, NCCL
 on GPUs): each runs this on its device, the Trainer shards the batches and syncs gradients (``DrafterTrainer``
@@ -28,15 +29,16 @@ import torch
 from hf_specdec.core.drafter_cost import costs_by_dtype
 from hf_specdec.errors import SpecDecError
 
+from .eval_only import eval_only_checked, write_eval_results
 from .training_rows import (
     describe_rows,
     eval_batch_size,
-    part_corpus,
     rows_per_batch,
     skipped_rows,
     train_tokens,
     training_blocks,
     validation_rows,
+    validation_source,
     whole_conversations,
 )
 
@@ -122,6 +124,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     whole_conversations(args)  # likewise --eval-length
     whole_conversations(args, "train")  # and --train-length (not with --features)
     skipped_rows(args)  # and --skip-train-rows
+    eval_only = eval_only_checked(args)
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
@@ -135,7 +138,9 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
 
         store = FeatureStore(args.features)
         args.block_size = store.meta["block_size"]
-    train, valid = training_blocks(args, tokenizer, targs.world_size, with_train=store is None)
+    train, valid = training_blocks(
+        args, tokenizer, targs.world_size, with_train=store is None and not eval_only
+    )
     target.to(targs.device)  # the Trainer places the drafter; the frozen target is ours to place
     drafter = recipe.build(args, target)
     if getattr(args, "init_from", None):
@@ -157,6 +162,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         callbacks=[TimeLimitCallback.from_args(args)],
         **unrolled,
     )
+    if eval_only:
+        return write_eval_results(args, trainer)
     resume = resume_checkpoint(args)
     t_train = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
@@ -201,9 +208,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         + (f", warm start {args.init_from}" if getattr(args, "init_from", None) else ""),
         "validation": {k.removeprefix("eval_"): round(v, 4) for k, v in metrics.items()},
         "validation_rows": validation_rows(args),
-        "validation_source": corpus_source(part_corpus(args, "eval"))
-        if part_corpus(args, "eval")
-        else "ShareGPT",
+        "validation_source": validation_source(args),
         **extra,
         "command": "hf-specdec " + shlex.join(sys.argv[1:])
         if sys.argv and "hf-specdec" in sys.argv[0]

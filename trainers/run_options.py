@@ -138,6 +138,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="stop (and save) at this step, keeping the lr schedule of --max-steps (equal-budget ablations)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="no training: validate the --init-from drafter on the validation rows (--eval-corpus, --eval-tokens, "
+        "...) and write the figures to --output-dir/eval_results.json",
+    )
+    p.add_argument(
+        "--add-to-card",
+        action="store_true",
+        help="--eval-only: also record the figures in the --init-from drafter's model card (model_card.json and "
+        "README.md), beside its training-time validation",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 

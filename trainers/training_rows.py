@@ -119,7 +119,20 @@ def validation_rows(args) -> str:
     from .corpus import corpus_source
 
     eval_corpus = getattr(args, "eval_corpus", None)
-    return rows + (f" of {corpus_source(eval_corpus)} ({Path(eval_corpus).name})" if eval_corpus else "")
+    if not eval_corpus:
+        return rows
+    source = corpus_source(eval_corpus)
+    what = "the target's own answers" if source.startswith("regenerated") else source
+    return f"{rows}, of corpus {Path(eval_corpus).name}'s validation split ({what})"
+
+
+def validation_source(args) -> str:
+    """Where the validation text comes from (the card's and ``eval_results.json``'s dataset): the source of
+    ``--eval-corpus`` (or ``--corpus``), else ShareGPT."""
+    from .corpus import corpus_source
+
+    corpus = part_corpus(args, "eval")
+    return corpus_source(corpus) if corpus else "ShareGPT"
 
 
 def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True):
