@@ -91,7 +91,7 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
     evaluated = json.loads((tmp_path / "evaluated" / "eval_results.json").read_text())
     assert evaluated["drafter"] == str(tmp_path / "one")
     for k, v in one["card"]["validation"].items():
-        if k not in ("epoch", "runtime", "samples_per_second", "steps_per_second"):
+        if k != "epoch":
             assert evaluated[f"eval_{k}"] == pytest.approx(v, abs=2e-4), k
     assert evaluated["validation_rows"] == one["card"]["validation_rows"]
     assert not (tmp_path / "evaluated" / "model.safetensors").exists()

@@ -23,6 +23,8 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.targets import DEFAULT, TARGETS, named_target
 from hf_specdec.tasks import SHAREGPT_HUB_ID
 
+from .corpus import is_regenerated
+
 HUB_IDS = {target.name: target.hub_id for target in TARGETS}
 METHOD_TAGS = {"glide": ["glide", "cape"], "edd": ["edd", "pct"]}
 NOT_METRICS = {
@@ -118,7 +120,7 @@ def _validation_results(figures: dict, source: str, rows: str, config: str | Non
     """``model-index`` results of one validation: its ``figures`` on ``rows`` of ShareGPT or, when ``source`` says
     so, of ShareGPT prompts answered by the target (``--eval-corpus`` of a regenerated corpus). The Hub groups results
     by dataset type, config and split, so each later validation has a config of its own (``eval-only-N``)."""
-    regenerated = source.startswith("regenerated")
+    regenerated = is_regenerated(source)
     name = f"{'ShareGPT prompts answered by the target' if regenerated else 'ShareGPT'} ({rows})"
     return _results(
         figures, "sharegpt-regenerated" if regenerated else "sharegpt", name, "validation", config

@@ -116,13 +116,13 @@ def validation_rows(args) -> str:
         rows = f"held-out conversations, first {args.eval_length} tokens each"
     else:
         rows = f"held-out packed blocks of {args.block_size} tokens"
-    from .corpus import corpus_source
+    from .corpus import corpus_source, is_regenerated
 
     eval_corpus = getattr(args, "eval_corpus", None)
     if not eval_corpus:
         return rows
     source = corpus_source(eval_corpus)
-    what = "the target's own answers" if source.startswith("regenerated") else source
+    what = "the target's own answers" if is_regenerated(source) else source
     return f"{rows}, of corpus {Path(eval_corpus).name}'s validation split ({what})"
 
 
