@@ -171,20 +171,29 @@ class DrafterTrainer(Trainer):
         steps (``trainers/unrolled.py``); with 1, the teacher-forced loss itself."""
         stored = stored_batch(inputs)
         input_ids = inputs["input_ids"]
-        r = self._forward(
-            model,
-            input_ids,
-            inputs["labels"],
-            need_target_logits=stored is None and (self.loss == "kl" or self.kl_weight > 0),
-            stored=stored,
-            top_k_teacher=True,
-        )
-        losses = [self._step_loss(r, num_items_in_batch)]
-        drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
-        for step in unrolled_steps(model, drafter, input_ids, r, len(self.ttt_weights) - 1):
-            losses.append(self._step_loss(step, num_items_in_batch))
+        with self._mixed_precision(input_ids.device):
+            r = self._forward(
+                model,
+                input_ids,
+                inputs["labels"],
+                need_target_logits=stored is None and (self.loss == "kl" or self.kl_weight > 0),
+                stored=stored,
+                top_k_teacher=True,
+            )
+            losses = [self._step_loss(r, num_items_in_batch)]
+            drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
+            for step in unrolled_steps(model, drafter, input_ids, r, len(self.ttt_weights) - 1):
+                losses.append(self._step_loss(step, num_items_in_batch))
         loss = unrolled_loss(losses, self.ttt_weights)
         return (loss, {"logits": r["logits"]}) if return_outputs else loss
+
+    def _mixed_precision(self, device: torch.device):
+        """The training step's autocast (``--precision bf16``, or fp16 on a GPU): the ``Trainer`` (accelerate) puts
+        only the drafter's ``forward`` under it, so the frozen target's forward and the LM heads, most of a step's
+        work, would run in fp32 without this (a bf16 step then costs what an fp32 one does). Validation is left as
+        it was: the target's pass stays fp32 there."""
+        half = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None
+        return torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None)
 
     # ------------------------------------------------------------------ validation
     def _validation_batches(self, eval_dataset=None):
