@@ -96,6 +96,8 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
     assert evaluated["validation_rows"] == one["card"]["validation_rows"]
     assert not (tmp_path / "evaluated" / "model.safetensors").exists()
     assert "x2 processes" in two["card"]["budget"]
+    # the training speed and the machine it was measured on (issue #32: tokens per hour, before and after bf16)
+    assert one["card"]["train_tokens_per_hour"] > 0 and " threads, " in one["card"]["machine"]
     # --no-card-cost: c is not timed (test_calibration checks a card that has it)
     assert "cost" not in one["card"]
     # the steps really trained: the layer moved away from its start (a copy of the target's layer 0)
@@ -153,6 +155,7 @@ def test_torchrun_trains_space_as_one_process_with_the_same_global_batch(real_ta
     lora_b = [w for name, w in one["weights"].items() if "lora_B" in name]
     assert lora_b and max(w.abs().max() for w in lora_b) > 1e-4  # the steps trained (LoRA B starts at zero)
     assert one["card"]["batch"] == two["card"]["batch"] == 4 and two["card"]["processes"] == 2
+    assert " samples (<= 48 tokens) per hour, " in one["card"]["training"] and " threads, " in one["card"]["training"]
     assert two["card"]["eval_loss"] == pytest.approx(one["card"]["eval_loss"], abs=2e-3)
     # one process wrote: one final model, one checkpoint, no per-rank copies
     assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.is_dir()) == ["checkpoint-2", "final"]

@@ -28,6 +28,7 @@ import torch
 
 from hf_specdec.core.drafter_cost import costs_by_dtype
 from hf_specdec.errors import SpecDecError
+from hf_specdec.machine import describe_machine, machine_line
 
 from .eval_only import eval_only_checked, write_eval_results
 from .training_rows import (
@@ -168,6 +169,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     t_train = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - t_train
+    resumed_at = int(Path(resume).name.rsplit("-", 1)[-1]) if resume else 0
     metrics = final_validation(trainer)
     extra = recipe.after_training(trainer)  # on every process (EDD's calibration gathers from all)
     if not trainer.is_world_process_zero():  # one process writes the drafter, its curve and its card
@@ -195,6 +197,13 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         "steps": steps,
         "train_tokens": tokens,
         **warm_start_tokens(args, tokens),
+        # this process's steps over its wall time, its evaluations included (a resumed run: the steps since the resume)
+        "train_tokens_per_hour": round(
+            train_tokens(args, None if store else train, steps - resumed_at, targs.world_size)
+            * 3600
+            / max(train_seconds, 1e-9)
+        ),
+        "machine": machine_line(describe_machine(targs.device)),
         "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if targs.bf16 else ''}), "
         f"batch {args.batch_size}x{args.grad_accum}"
         + (f"x{targs.world_size} processes" if targs.world_size > 1 else "")

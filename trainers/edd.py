@@ -113,6 +113,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("train_tokens", "training tokens (packed, incl. unsupervised)"),
         ("train_tokens_total", "training tokens with the --init-from drafter's"),
         ("budget", "budget"),
+        ("train_tokens_per_hour", "training tokens per hour (evaluations included)"),
+        ("machine", "machine"),
         ("validation", "validation (held-out, L = 5)"),
         ("validation_rows", "validation rows"),
         ("calibration", "confidence calibration for PCT (validation, `hf-specdec calibrate`)"),

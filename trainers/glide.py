@@ -110,6 +110,8 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         ("train_tokens", "training tokens (packed, incl. unsupervised)"),
         ("train_tokens_total", "training tokens with the --init-from drafter's"),
         ("budget", "budget"),
+        ("train_tokens_per_hour", "training tokens per hour (evaluations included)"),
+        ("machine", "machine"),
         ("validation", "validation (held-out)"),
         ("validation_rows", "validation rows"),
         ("measured", "measured (greedy, `target.generate(assistant_model=...)`)"),

@@ -30,6 +30,7 @@ import torch
 
 from hf_specdec.errors import SpecDecError
 from hf_specdec.fingerprint import target_fingerprint
+from hf_specdec.machine import describe_machine, machine_line
 from hf_specdec.options import add_model_arguments
 from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token
 from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
@@ -97,6 +98,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
 
 
+def training_line(args, targs, steps: int, seconds: float) -> str:
+    """The card's training row: wall time, samples per hour over this process's ``steps`` (a resumed run: the steps
+    since the resume; evaluations included), the precision and the machine."""
+    per_hour = steps * args.batch_size * args.grad_accum * targs.world_size * 3600 / max(seconds, 1e-9)
+    precision = "bf16 mixed precision" if targs.bf16 else "fp32"
+    return (
+        f"{seconds / 60:.1f} min, {per_hour:.0f} samples (<= {args.max_length} tokens) per hour, {precision} "
+        f"({args.dtype} weights), {machine_line(describe_machine(targs.device))}"
+    )
+
+
 def drawn_training_set(train, collator: SpaceDataCollator, n: int):
     """``train`` with its SAR masks drawn now (``SpaceDataCollator.fix``), repeated with a fresh draw per repetition
     until it holds at least the ``n`` samples the run consumes; the collator then passes them through unchanged.
@@ -133,6 +145,7 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
         ("method", info["method"]),
         ("steps x batch", f"{info['steps']} x {info['batch']}" + processes),
+        ("training", info.get("training", "-")),
         ("final train loss", info.get("train_loss", "-")),
         ("eval loss", info.get("eval_loss", "-")),
         ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
@@ -264,7 +277,10 @@ def run(args: argparse.Namespace) -> None:
     resume = None if args.no_resume else last_checkpoint(out)
     if resume:
         logger.warning("resuming from %s", resume)
+    t_train = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.perf_counter() - t_train
+    resumed_at = int(Path(resume).name.rsplit("-", 1)[-1]) if resume else 0
     metrics = trainer.evaluate()  # on every process: the Trainer gathers the loss over all of them
     if not trainer.is_world_process_zero():  # one process writes the model, its history and its card
         return
@@ -298,6 +314,7 @@ def run(args: argparse.Namespace) -> None:
         "steps": trainer.state.global_step,
         "batch": args.batch_size * args.grad_accum * targs.world_size,
         "processes": targs.world_size,
+        "training": training_line(args, targs, trainer.state.global_step - resumed_at, train_seconds),
         "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
         "target_info": target_info,
