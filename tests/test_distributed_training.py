@@ -155,7 +155,10 @@ def test_torchrun_trains_space_as_one_process_with_the_same_global_batch(real_ta
     lora_b = [w for name, w in one["weights"].items() if "lora_B" in name]
     assert lora_b and max(w.abs().max() for w in lora_b) > 1e-4  # the steps trained (LoRA B starts at zero)
     assert one["card"]["batch"] == two["card"]["batch"] == 4 and two["card"]["processes"] == 2
-    assert " samples (<= 48 tokens) per hour, " in one["card"]["training"] and " threads, " in one["card"]["training"]
+    assert (
+        " samples (<= 48 tokens) per hour, " in one["card"]["training"]
+        and " threads, " in one["card"]["training"]
+    )
     assert two["card"]["eval_loss"] == pytest.approx(one["card"]["eval_loss"], abs=2e-3)
     # one process wrote: one final model, one checkpoint, no per-rank copies
     assert sorted(p.name for p in (tmp_path / "two").iterdir() if p.is_dir()) == ["checkpoint-2", "final"]

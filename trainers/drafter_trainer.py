@@ -42,6 +42,7 @@ from hf_specdec.errors import SpecDecError
 
 from .data import stack_collator
 from .losses import expected_acceptance, kl_loss, teacher_top_k, top_k_kl_loss
+from .run_support import step_autocast
 from .unrolled import DEFAULT_DECAY, step_weights, unrolled_loss, unrolled_steps
 
 IGNORE_INDEX = -100
@@ -171,7 +172,7 @@ class DrafterTrainer(Trainer):
         steps (``trainers/unrolled.py``); with 1, the teacher-forced loss itself."""
         stored = stored_batch(inputs)
         input_ids = inputs["input_ids"]
-        with self._mixed_precision(input_ids.device):
+        with step_autocast(self.args, input_ids.device):
             r = self._forward(
                 model,
                 input_ids,
@@ -186,14 +187,6 @@ class DrafterTrainer(Trainer):
                 losses.append(self._step_loss(step, num_items_in_batch))
         loss = unrolled_loss(losses, self.ttt_weights)
         return (loss, {"logits": r["logits"]}) if return_outputs else loss
-
-    def _mixed_precision(self, device: torch.device):
-        """The training step's autocast (``--precision bf16``, or fp16 on a GPU): the ``Trainer`` (accelerate) puts
-        only the drafter's ``forward`` under it, so the frozen target's forward and the LM heads, most of a step's
-        work, would run in fp32 without this (a bf16 step then costs what an fp32 one does). Validation is left as
-        it was: the target's pass stays fp32 there."""
-        half = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None
-        return torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None)
 
     # ------------------------------------------------------------------ validation
     def _validation_batches(self, eval_dataset=None):

@@ -59,6 +59,17 @@ def mixed_precision_bf16(args) -> bool:
     return bf16
 
 
+def step_autocast(args, device):
+    """A drafter training step's autocast (``TrainingArguments.bf16``, or ``fp16`` on a GPU): the ``Trainer``
+    (accelerate) puts only the model's ``forward`` under autocast, which for a drafter is its one layer; the frozen
+    target's pass and the LM heads, most of a step's work, would stay fp32 without this and a bf16 step would cost
+    what an fp32 one does. Validation does not use it (the target's pass stays fp32 there)."""
+    import torch
+
+    half = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+    return torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None)
+
+
 def shared_training_arguments(args) -> dict:
     """The ``TrainingArguments`` every recipe shares (glide, edd, space): the same output folder, steps, batch sizes
     and cosine schedule fields, logging / evaluation / checkpoints every N steps (two kept), the batches built in the
