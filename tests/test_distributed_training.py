@@ -44,7 +44,8 @@ def _train_command(out, corpus, *launcher_and_batch: str) -> list[str]:
             "--save-steps 100".split()
         ),
         *(
-            "--measure-prompts 0 --no-card-cost --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3".split()
+            "--measure-prompts 0 --no-card-cost --block-min 5 --block-max 5 --warmup-steps 0 --lr 1e-3 "
+            "--precision fp32".split()  # equal to the tolerance in fp32; bf16 rounds by the batch's shape
         ),
     ]
 
@@ -115,7 +116,7 @@ def _train_space(out, *launcher_and_batch: str) -> dict:
     options = (
         "--max-steps 2 --max-length 48 --eval-samples 4 --eval-steps 100 --save-steps 100 --logging-steps 1"
     )
-    options += " --tau-prompts 0 --save adapter --lr 1e-3 --k 3 --p-ar 0.5 --lora-r 4 --lora-dropout 0"
+    options += " --tau-prompts 0 --save adapter --lr 1e-3 --k 3 --p-ar 0.5 --lora-r 4 --lora-dropout 0 --precision fp32"
     _launch(
         [
             *launcher,

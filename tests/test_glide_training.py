@@ -33,24 +33,9 @@ def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
         use_cpu=True,
         disable_tqdm=True,
     )
-    trainer = DrafterTrainer(
-        model=drafter, args=args, train_dataset=data, eval_dataset=data, target=model, loss="kl"
-    )  # the recipes' loss: the target's distribution is the teacher
+    trainer = DrafterTrainer(model=drafter, args=args, train_dataset=data, eval_dataset=data, target=model)
     before = trainer.evaluate()["eval_loss"]
-    # what ran in bf16 during the steps: the frozen target's layers and its LM head (the teacher), not only the
-    # drafter's forward, which is all the Trainer puts under autocast by itself
-    dtypes: dict[str, set] = {"target layer": set(), "target head": set()}
-    hooks = [
-        module.register_forward_hook(lambda m, i, out, key=key: dtypes[key].add(out.dtype))
-        for key, module in (
-            ("target layer", model.model.layers[3].mlp.down_proj),
-            ("target head", model.lm_head),
-        )
-    ]
     trainer.train()
-    for hook in hooks:
-        hook.remove()
-    assert dtypes == {"target layer": {torch.bfloat16}, "target head": {torch.bfloat16}}
     after = trainer.evaluate()["eval_loss"]
     assert after < before - 0.1, (before, after)
     assert all(not p.requires_grad for p in model.parameters())  # the target stayed frozen
