@@ -117,7 +117,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     from .data import install_draft_vocab
     from .drafter_trainer import DrafterTrainer, write_training_curve
     from .run_options import unrolled_options
-    from .run_support import TimeLimitCallback
+    from .run_support import TimeLimitCallback, per_hour, timed_train
 
     if args.max_steps < 1:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
@@ -166,10 +166,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     if eval_only:
         return write_eval_results(args, trainer)
     resume = resume_checkpoint(args)
-    t_train = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
-    train_seconds = time.perf_counter() - t_train
-    resumed_at = int(Path(resume).name.rsplit("-", 1)[-1]) if resume else 0
+    _, train_seconds, steps_run = timed_train(trainer, resume)
     metrics = final_validation(trainer)
     extra = recipe.after_training(trainer)  # on every process (EDD's calibration gathers from all)
     if not trainer.is_world_process_zero():  # one process writes the drafter, its curve and its card
@@ -199,9 +196,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         **warm_start_tokens(args, tokens),
         # this process's steps over its wall time, its evaluations included (a resumed run: the steps since the resume)
         "train_tokens_per_hour": round(
-            train_tokens(args, None if store else train, steps - resumed_at, targs.world_size)
-            * 3600
-            / max(train_seconds, 1e-9)
+            per_hour(train_tokens(args, None if store else train, steps_run, targs.world_size), train_seconds)
         ),
         "machine": machine_line(describe_machine(targs.device)),
         "budget": f"{train_seconds / 60:.1f} min on {where} ({args.dtype}{', bf16 mixed precision' if targs.bf16 else ''}), "

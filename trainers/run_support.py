@@ -105,6 +105,22 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
     return get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
 
 
+def timed_train(trainer, resume: str | None):
+    """``trainer.train(resume_from_checkpoint=resume)``, timed for the card's training speed: ``(its result, wall
+    seconds, optimizer steps it ran)``; a resumed run counts only the steps since its checkpoint."""
+    from transformers import TrainerState
+
+    start = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json")).global_step if resume else 0
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=resume)
+    return result, time.perf_counter() - t0, trainer.state.global_step - start
+
+
+def per_hour(count: float, seconds: float) -> float:
+    """A training speed: ``count`` (tokens, samples) per hour of ``seconds``."""
+    return count * 3600 / max(seconds, 1e-9)
+
+
 def write_card(
     folder: str | Path,
     info: dict,

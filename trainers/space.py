@@ -101,10 +101,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def training_line(args, targs, steps: int, seconds: float) -> str:
     """The card's training row: wall time, samples per hour over this process's ``steps`` (a resumed run: the steps
     since the resume; evaluations included), the precision and the machine."""
-    per_hour = steps * args.batch_size * args.grad_accum * targs.world_size * 3600 / max(seconds, 1e-9)
+    from hf_specdec.trainers.run_support import per_hour
+
+    samples = per_hour(steps * args.batch_size * args.grad_accum * targs.world_size, seconds)
     precision = "bf16 mixed precision" if targs.bf16 else "fp32"
     return (
-        f"{seconds / 60:.1f} min, {per_hour:.0f} samples (<= {args.max_length} tokens) per hour, {precision} "
+        f"{seconds / 60:.1f} min, {samples:.0f} samples (<= {args.max_length} tokens) per hour, {precision} "
         f"({args.dtype} weights), {machine_line(describe_machine(targs.device))}"
     )
 
@@ -237,7 +239,7 @@ def training_arguments(args: argparse.Namespace, lr: float):
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
     from hf_specdec.trainers.data import sft_dataset
-    from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint
+    from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint, timed_train
     from transformers import Trainer
 
     from hf_specdec.target import load_target
@@ -278,10 +280,7 @@ def run(args: argparse.Namespace) -> None:
     resume = None if args.no_resume else last_checkpoint(out)
     if resume:
         logger.warning("resuming from %s", resume)
-    t_train = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
-    train_seconds = time.perf_counter() - t_train
-    resumed_at = int(Path(resume).name.rsplit("-", 1)[-1]) if resume else 0
+    result, train_seconds, steps_run = timed_train(trainer, resume)
     metrics = trainer.evaluate()  # on every process: the Trainer gathers the loss over all of them
     if not trainer.is_world_process_zero():  # one process writes the model, its history and its card
         return
@@ -315,7 +314,7 @@ def run(args: argparse.Namespace) -> None:
         "steps": trainer.state.global_step,
         "batch": args.batch_size * args.grad_accum * targs.world_size,
         "processes": targs.world_size,
-        "training": training_line(args, targs, trainer.state.global_step - resumed_at, train_seconds),
+        "training": training_line(args, targs, steps_run, train_seconds),
         "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
         "target_info": target_info,
