@@ -17,8 +17,6 @@ metrics are summed over processes, and the main process alone writes the drafter
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,9 +212,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
         "validation_rows": validation_rows(args),
         "validation_source": validation_source(args),
         **extra,
-        "command": "hf-specdec " + shlex.join(sys.argv[1:])
-        if sys.argv and "hf-specdec" in sys.argv[0]
-        else "",
+        "command": getattr(args, "command_line", ""),  # set by the CLI, whichever way it was started
     }
     if getattr(args, "card_cost", True):
         info["cost"] = costs_by_dtype(drafter, target)  # c in fp32 and bf16 on this machine
