@@ -80,7 +80,19 @@ def test_bench_reports_each_drafters_cost(tmp_path):
     costs = results["drafter_cost"]
     assert set(costs) == {"glide", "edd", "edd-pct"} and costs["edd"] == costs["edd-pct"]
     assert all(c > 0 for c in costs.values())
-    assert f"`glide` {costs['glide']:.3f}" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert f"`glide` {costs['glide']:.3f}" in report
+    # and the measured costs the drafts were sized by: the target's verification curve (timed once, shared by every
+    # method) and each drafter's c_d, as the methods read them (the chains and the tree size theirs alike)
+    sizing = results["sizing_costs"]
+    (setting, curve), *more = sizing["verify_curve"]["target"].items()
+    assert not more and setting.startswith(
+        f"{torch.get_default_dtype()}, cpu, {torch.get_num_threads()} thread"
+    )
+    assert curve["1"] == 1.0 and set(curve) == {"1", "4", "16", "64"} and min(curve.values()) >= 1.0
+    assert set(sizing["drafter_c"]) == {"glide", "edd", "edd-pct"}
+    assert sizing["drafter_c"]["edd"] == sizing["drafter_c"]["edd-pct"]  # one drafter, timed once
+    assert f"c(64) {curve['64']:.2f}" in report and "drafter c_d: `glide`" in report
 
 
 def test_forward_meter_infers_chain_stats():

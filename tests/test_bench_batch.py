@@ -143,7 +143,9 @@ def test_bench_batch_size(tiny_bytes_checkpoint, tmp_path, batch_size):
     assert "| host syncs/step |" in report
     verdict = {"identical", "lossless", "first_diff", "gap", "reason"}
     if batch_size == 1:
-        assert set(saved) == {"command", "config", "runs", "drafter_cost", "per_prompt"}
+        assert set(saved) == {"command", "config", "runs", "drafter_cost", "sizing_costs", "per_prompt"}
+        # nothing here sizes its drafts by measured costs (`hf-pld` is transformers' fixed-length lookup)
+        assert saved["sizing_costs"] == {"verify_curve": {}, "drafter_c": {}} and "sized by" not in report
         assert "check_rows" not in saved["config"]
         assert all(set(r) == run_keys for r in saved["runs"])
         record = {"id", *DecodeStats().to_dict(), *verdict}

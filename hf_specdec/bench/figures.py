@@ -1,5 +1,5 @@
 """From the bench's records to its figures: a (method, task)'s speed, tau, alpha and losslessness (:func:`aggregate`),
-the drafter cost c per method, and the per-step split (issue #31): where a step's time goes (target forwards, drafter forwards, overhead),
+the drafter cost c per method, the costs the drafts were sized by (:func:`sizing_costs`), and the per-step split (issue #31): where a step's time goes (target forwards, drafter forwards, overhead),
 in ms and in one-token forwards of the same run, and the host syncs per step of the untimed counting pass. The meters
 that fill the records are ``core/stats.ForwardMeter`` / ``DrafterMeter`` and ``core/host_syncs.HostSyncCounter``
 (through ``methods.metered`` / ``run_row``); ``docs/step-overhead.md`` explains the table."""
@@ -57,6 +57,29 @@ def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
                 timed[key] = drafter_cost(runner.drafter, target)
             costs[name] = round(timed[key], 4)
     return costs
+
+
+def sizing_costs(runners: dict, target) -> dict:
+    """The measured costs the cost-sized drafts of this run were sized by, as they were measured once in this process
+    (at the first generation that needed them, ``core/verify_cost.measured_cost`` and
+    ``core/draft_budget.measured_drafter_cost``): the verification cost curve ``c(q)`` of each decoded model
+    (``"target"``, or the method that decodes a model of its own) and each drafter method's ``c_d``. The tree sizes,
+    and so tau, of two runs of the same command differ with these; the record says by how much they differed."""
+    from ..core.draft_budget import cached_drafter_costs
+    from ..core.verify_cost import cached_curves
+
+    curves, drafters = {}, {}
+    for name, runner in runners.items():
+        label = "target" if runner.model is target else name
+        measured = {
+            s: {str(q): round(c, 3) for q, c in curve.relative.items()}
+            for s, curve in cached_curves(runner.model).items()
+        }
+        if measured:
+            curves[label] = measured
+        if runner.drafter is not None and cached_drafter_costs(runner.drafter):
+            drafters[name] = {s: round(c, 4) for s, c in cached_drafter_costs(runner.drafter).items()}
+    return {"verify_curve": curves, "drafter_c": drafters}
 
 
 def aggregate(

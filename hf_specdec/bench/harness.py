@@ -24,7 +24,7 @@ from ..machine import describe_machine, resolve_auto_dtype
 from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
-from .figures import aggregate, measure_drafter_costs, one_token_forward, step_split
+from .figures import aggregate, measure_drafter_costs, one_token_forward, sizing_costs, step_split
 from .method_options import check_read, option_strings
 from .methods import BenchContext, get_method, metered, run_row, sampling
 from .own_models import OwnModels, setup_runners
@@ -165,6 +165,7 @@ def run_bench(
         },
         "runs": runs,
         "drafter_cost": drafter_costs,
+        "sizing_costs": sizing_costs(runners, target),
         "per_prompt": per_prompt,
         **({"per_batch": per_batch} if batch_size > 1 else {}),
     }

@@ -111,6 +111,23 @@ def report_markdown(results: dict) -> str:
             f"drafter cost c (one draft forward / one target forward, timed here, {cfg['dtype']}): {costs}",
             "",
         ]
+    sizing = results.get("sizing_costs") or {}
+    if sizing.get("verify_curve") or sizing.get("drafter_c"):
+        curves = "; ".join(
+            f"{model} ({setting}) " + ", ".join(f"c({q}) {c:.2f}" for q, c in curve.items() if q != "1")
+            for model, by_setting in sizing.get("verify_curve", {}).items()
+            for setting, curve in by_setting.items()
+        )
+        drafters = ", ".join(
+            f"`{m}` {c:.3f}"
+            for m, by_setting in sizing.get("drafter_c", {}).items()
+            for c in by_setting.values()
+        )
+        lines += [
+            "costs the drafts were sized by (measured once in this process, at the first generation that needed them; "
+            f"verification forward of q tokens / one-token forward): {curves or '-'}; drafter c_d: {drafters or '-'}",
+            "",
+        ]
     failures = [(r["method"], r["task"], f) for r in results["runs"] for f in r["failures"]]
     if failures:
         lines += (

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .timing import device_of
-from .verify_cost import CostCurve
+from .verify_cost import CostCurve, setting_label
 
 _ATTR = "_hf_specdec_drafter_cost"
 _GATES = "_hf_specdec_draft_gates"
@@ -105,6 +105,12 @@ def measured_drafter_cost(drafter, target) -> float:
     if key not in cache:
         cache[key] = drafter_cost(drafter, target, repeats=9)
     return cache[key]
+
+
+def cached_drafter_costs(drafter) -> dict[str, float]:
+    """The ``c_d`` values :func:`measured_drafter_cost` has timed for ``drafter`` in this process, by
+    ``verify_cost.setting_label``."""
+    return {setting_label(key): c for key, c in drafter.__dict__.get(_ATTR, {}).items()}
 
 
 class ChainSizer:

@@ -92,3 +92,17 @@ def measured_cost(model, context: torch.Tensor, repeats: int = 3, batch: int = 1
     if key not in cache:
         cache[key] = CostCurve(forward_times(model, context[-64:], SIZES, repeats, batch))
     return cache[key]
+
+
+def setting_label(key: tuple) -> str:
+    """A cache key of :func:`measured_cost` (or ``draft_budget.measured_drafter_cost``) as text:
+    ``"torch.bfloat16, cpu, 2 threads"`` (``", batch 4"`` for a batch's curve)."""
+    dtype, device, threads, *batch = key
+    threads = f"{threads} thread" + ("s" if threads != 1 else "")
+    return f"{dtype}, {device}, {threads}" + (f", batch {batch[0]}" if batch else "")
+
+
+def cached_curves(model) -> dict[str, CostCurve]:
+    """The curves :func:`measured_cost` has measured on ``model`` in this process, by :func:`setting_label`: what
+    the cost-sized drafts of every later generation were sized by."""
+    return {setting_label(key): curve for key, curve in model.__dict__.get(_ATTR, {}).items()}
