@@ -147,12 +147,12 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
         ("method", info["method"]),
         ("steps x batch", f"{info['steps']} x {info['batch']}" + processes),
+        # cards written before the training speed was recorded have no such row
+        *([("training", info["training"])] if info.get("training") else []),
         ("final train loss", info.get("train_loss", "-")),
         ("eval loss", info.get("eval_loss", "-")),
         ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
     ]
-    if info.get("training"):  # cards written before it was recorded have none
-        rows.insert(5, ("training", info["training"]))
     if info.get("decode_masks") is not None:
         rows.append(("masks per step when decoding (default)", info["decode_masks"]))
     footer = [

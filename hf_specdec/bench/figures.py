@@ -77,8 +77,9 @@ def sizing_costs(runners: dict, target) -> dict:
         }
         if measured:
             curves[label] = measured
-        if runner.drafter is not None and cached_drafter_costs(runner.drafter):
-            drafters[name] = {s: round(c, 4) for s, c in cached_drafter_costs(runner.drafter).items()}
+        timed = cached_drafter_costs(runner.drafter) if runner.drafter is not None else {}
+        if timed:
+            drafters[name] = {s: round(c, 4) for s, c in timed.items()}
     return {"verify_curve": curves, "drafter_c": drafters}
 
 
