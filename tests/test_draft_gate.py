@@ -51,7 +51,7 @@ def test_gate_scales_estimates_by_what_was_accepted():
     assert gate.scale == 1.0  # nothing known: the drafter's own estimates
     for _ in range(30):
         gate.outcome(predicted=2.0, accepted=0.5, tokens=1.5, time=2.0)
-    assert gate.scale == pytest.approx(0.25)  # four times too confident
+    assert gate.scale == pytest.approx(0.25, abs=0.01)  # four times too confident (the prior forgotten)
     for _ in range(60):
         gate.outcome(predicted=0.1, accepted=1.0, tokens=2.0, time=1.0)
     assert gate.scale == DraftGate.MAX_SCALE  # under-confidence is trusted only so far
@@ -152,10 +152,44 @@ def test_a_step_that_verified_nothing_still_teaches_the_scale():
     gate = DraftGate()
     for _ in range(40):
         gate.verified((0.5, 1.1, 7), [7], 0)  # estimated 0.5, right every time
-    assert gate.scale == DraftGate.MAX_SCALE and gate.rate == pytest.approx(1 / 1.1)
+    assert gate.scale == DraftGate.MAX_SCALE and gate.rate == pytest.approx(1 / 1.1, rel=1e-3)
     for _ in range(40):
         gate.verified((0.5, 1.1, 7), [9], 0)  # wrong every time
     assert gate.scale < 0.01
     gate = DraftGate()
     gate.verified((1.5, 1.6, None), [3, 4, 5], 2)  # a verified tree: its accepted nodes count
-    assert gate.scale == pytest.approx(2 / 1.5) and gate.rate == pytest.approx(3 / 1.6)
+    m = gate.momentum  # beside the prior: estimates right, drafting at break-even
+    assert gate.scale == pytest.approx((m + (1 - m) * 2) / (m + (1 - m) * 1.5))
+    assert gate.rate == pytest.approx((m + (1 - m) * 3) / (m + (1 - m) * 1.6))
+
+
+def test_one_rejected_draft_does_not_zero_the_scale():
+    """The running means start from a prior (estimates right), so a first miss only lowers the scale: before the
+    prior it set it to 0, and every tree was cut to nothing until a top token happened to hit."""
+    gate = DraftGate()
+    gate.verified((0.6, 1.1, 7), [9], 0)
+    assert 0.5 < gate.scale < 1.0
+
+
+def test_a_probe_is_sized_on_the_drafters_own_estimates():
+    """A closed gate's probe keeps the nodes the unscaled estimates pay for, so what verification accepts of them
+    can raise ``rate``; sized by a fallen ``scale`` it would keep nothing and emit one token per probe forever."""
+    budget = DraftBudget(CostCurve.linear(0.05), drafter_cost=0.05)
+    estimates, depths = [0.9, 0.8, 0.7], [1, 2, 3]
+    gate = DraftGate(max_gap=4)
+    for _ in range(40):
+        gate.verified((0.9, 1.1, 7), [9], 0)  # the top token wrong every time: scale near 0, gate closed
+    assert gate.scale < 0.01 and gate.rate < 1
+    drafted = []
+    for _ in range(12):
+        if gate.draft_now():
+            kept, record = budget.keep_checked(gate, estimates, depths, 3, 7)
+            drafted.append((gate.probing, kept))
+    assert drafted and all(probing and kept == [0, 1, 2] for probing, kept in drafted), drafted
+    gate.verified(record, [5, 6, 7, 8], 3)  # the probe's tree accepted whole
+    for _ in range(12):  # and such probes reopen the gate
+        if gate.draft_now() and gate.probing:
+            kept, record = budget.keep_checked(gate, estimates, depths, 3, 7)
+            gate.verified(record, [5, 6, 7, 8], 3)
+    assert gate.rate >= 1 and gate.draft_now() and not gate.probing
+    assert budget.keep_checked(gate, estimates, depths, 3, 7)[0] == [0, 1, 2]

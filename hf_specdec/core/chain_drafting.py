@@ -70,7 +70,7 @@ def chain_start(generator: CandidateGenerator) -> bool:
     gate = generator.gate
     if gate is not None and not gate.draft_now():
         return False
-    generator.sizer.start(1.0 if gate is None else gate.scale)
+    generator.sizer.start(1.0 if gate is None else gate.estimate_scale)
     return True
 
 

@@ -87,7 +87,7 @@ class DraftBudget:
         at the root (scored for free)."""
         if gate is None:
             return self.keep(estimates, depths, forwards), None
-        kept = self.keep([min(e * gate.scale, 1.0) for e in estimates], depths, forwards)
+        kept = self.keep([min(e * gate.estimate_scale, 1.0) for e in estimates], depths, forwards)
         time = self.step_time(len(kept), forwards)
         if kept or first is None:
             return kept, (sum(estimates[i] for i in kept), time, None)
@@ -172,7 +172,12 @@ class DraftGate:
       that drafted: the speed of drafting relative to plain decoding (1 token per forward). While it is >= 1 every
       step drafts; below, drafting pays less than ``generate`` and only probes run, 1, 2, 4 ... up to ``max_gap``
       steps apart, so the drafter's cost falls to ``c_d / max_gap`` per step while a text on which it would pay
-      (a copy, code) is still noticed.
+      (a copy, code) is still noticed. A probe is sized on the drafter's own estimates (:attr:`estimate_scale`):
+      sized by a ``scale`` that has fallen, its tree would be cut to nothing, emit one token at a cost above one
+      forward, and so could never show that drafting pays again.
+
+    Both running means start from a prior, one step on which the estimates were right and drafting broke even, so a
+    first rejected draft does not set ``scale`` to 0.
 
     Nothing here reads the device: the proposer passes what the loop already read (:meth:`outcome`, once per
     drafted step). The decisions depend on tokens already emitted only, so sampling stays exact (a proposal may
@@ -183,10 +188,11 @@ class DraftGate:
 
     def __init__(self, momentum: float = 0.85, max_gap: int = 32):
         self.momentum, self.max_gap = momentum, int(max_gap)
-        self.predicted = self.accepted = 0.0  # running means behind ``scale``
+        self.predicted = self.accepted = 1.0  # running means behind ``scale``, from the prior
         self.tokens: float | None = None  # running means behind ``rate`` (None: no drafted step yet)
         self.time = 0.0
         self.gap, self.wait = 1, 0
+        self.probing = False  # is this step a probe of a closed gate?
 
     @property
     def scale(self) -> float:
@@ -195,19 +201,25 @@ class DraftGate:
         return min(self.accepted / self.predicted, self.MAX_SCALE)
 
     @property
+    def estimate_scale(self) -> float:
+        """What the proposer multiplies its estimates by this step: ``scale``, but at least 1 on a probe."""
+        return max(self.scale, 1.0) if self.probing else self.scale
+
+    @property
     def rate(self) -> float | None:
         return None if self.tokens is None else self.tokens / max(self.time, 1e-9)
 
     def draft_now(self) -> bool:
         """Draft this step? Always while drafting pays (or nothing is known yet); else every ``gap``-th step."""
         rate = self.rate
+        self.probing = False
         if rate is None or rate >= 1.0:
             self.gap, self.wait = 1, 0
             return True
         self.wait += 1
         if self.wait < self.gap:
             return False
-        self.wait, self.gap = 0, min(2 * self.gap, self.max_gap)
+        self.wait, self.gap, self.probing = 0, min(2 * self.gap, self.max_gap), True
         return True
 
     def verified(self, step: tuple[float, float, int | None], new_tokens: list[int], accepted: int) -> None:
@@ -223,9 +235,8 @@ class DraftGate:
     def outcome(self, predicted: float, accepted: float, tokens: float, time: float) -> None:
         """One drafted step: ``predicted`` (the sum of its verified nodes' raw estimates) against ``accepted`` feeds
         ``scale``; ``tokens`` emitted per ``time`` (its modelled cost ``T``) feeds ``rate``."""
-        if self.tokens is None:  # the first observation starts the running sums
-            self.predicted, self.accepted, self.tokens, self.time = predicted, accepted, tokens, time
-            return
+        if self.tokens is None:  # the prior: one step that broke even
+            self.tokens = self.time = 1.0
         m = self.momentum
         self.predicted = m * self.predicted + (1 - m) * predicted
         self.accepted = m * self.accepted + (1 - m) * accepted

@@ -188,7 +188,7 @@ class EddTreeProposer(TreeProposer):
         """This proposer's tree (``builder`` and its settings) from ``expander``, at most ``depth`` deep."""
         if self.builder == "pct" and self.budget is not None:
             # the estimates corrected by what was accepted (core/draft_budget.DraftGate): e * scale >= threshold
-            scale = 1.0 if self.gate is None else self.gate.scale
+            scale = 1.0 if self.gate is None else self.gate.estimate_scale
             threshold = (self.budget.drafter_cost + self.budget.marginal(1)) / max(scale, 1e-6)
             grown = grow_pct(expander, threshold, self.width, depth, self.removal_threshold)
             first = grown.tokens[0] if len(grown) else None  # node 0: the top token at the root

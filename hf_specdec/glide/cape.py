@@ -215,7 +215,8 @@ class CapeProposer(TreeProposer):
         self.last_confidences, self.last_sizes = [], []
         if gamma <= 0 or self.state is None or (self.gate is not None and not self.gate.draft_now()):
             return TokenTree.empty(input_ids.device)  # a skipped step: the drafter catches up on the next one
-        scale = 1.0 if self.gate is None else self.gate.scale  # the estimates, corrected by what was accepted
+        # the estimates, corrected by what was accepted
+        scale = 1.0 if self.gate is None else self.gate.estimate_scale
         keep = self.state.sync(input_ids)
         step_ids, sequence = input_ids[:, keep:], input_ids
         proposal: list[int] = []

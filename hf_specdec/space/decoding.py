@@ -257,7 +257,7 @@ def space_generate(
                 confidence = [math.exp(v) for v in confidence]
         first = (cands[0], confidence[0]) if cands and gate is not None else None
         if budget and cands:  # a prefix: the chain's estimates only fall
-            scale = gate.scale
+            scale = gate.estimate_scale
             estimates = [min(e * scale, 1.0) for e in itertools.accumulate(confidence, operator.mul)]
             cands = cands[: len(budget.keep(estimates, list(range(len(cands)))))]
 
