@@ -92,8 +92,8 @@ def test_assisted_loop_drafts_equal_training_forward_under_the_verified_prefix_m
         steps = []
         step = self.state.step
 
-        def record(step_ids, target_cache):
-            logits = step(step_ids, target_cache)
+        def record(step_ids, target_cache, **kw):
+            logits = step(step_ids, target_cache, **kw)
             steps.append((self.state.fed.clone(), logits))  # tokens fed so far; the last one predicts
             return logits
 
@@ -199,3 +199,60 @@ def test_cross_attention_with_the_targets_own_weights_reproduces_the_targets_att
     with torch.no_grad():  # and it can fail: queries rotated one position off
         off = ca(seen["x"], d.__dict__["_rotary"](seen["x"], pos + 1), entry.keys, entry.values, causal)
     assert not torch.allclose(off, seen["out"], atol=1e-4)
+
+
+@pytest.mark.parametrize("loop", ["chain", "cape"])
+def test_the_drafter_cache_keeps_every_fed_token_that_was_committed(loop):
+    """``GlideDraftCache`` knows which fed tokens are still valid from lengths alone (the committed ones, then the
+    drafts the verification accepted), without reading the tokens. At every round it must keep exactly the longest
+    prefix of the committed sequence that it was fed: fewer re-feeds accepted drafts, more keeps a rejected one."""
+    import hf_specdec
+
+    target = tiny_llama(num_hidden_layers=3)
+    d = _drafter(target, 1)
+    d.generation_config.num_assistant_tokens, d.chain_cost = 3, False  # gamma drafts every round
+    checked = []
+    original = GlideDraftCache.sync
+
+    def sync(self, input_ids):
+        fed, ids = self.fed.tolist(), input_ids[0, :-1].tolist()
+        common = next((i for i, (a, b) in enumerate(zip(fed, ids)) if a != b), min(len(fed), len(ids)))
+        keep = original(self, input_ids)
+        checked.append((keep, common))
+        return keep
+
+    GlideDraftCache.sync = sync
+    prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    try:
+        if loop == "chain":
+            out = target.generate(prompt, assistant_model=d, **kw)
+        else:
+            out = target.generate(
+                prompt, custom_generate=hf_specdec.glide_cape, drafter=d, cape_cost=False, **kw
+            )
+    finally:
+        GlideDraftCache.sync = original
+    assert torch.equal(out, target.generate(prompt, **kw))
+    assert len(checked) > 3 and all(keep == common for keep, common in checked), checked
+    assert any(keep > 0 for keep, _ in checked)
+
+
+def test_the_drafter_cache_syncs_without_reading_the_device():
+    """Its bookkeeping is lengths on the host: cropping to the committed tokens reads no tensor (on a GPU each such
+    read would stall the loop; core/host_syncs.py)."""
+    from hf_specdec.core.host_syncs import HostSyncCounter
+
+    target = tiny_llama(num_hidden_layers=3)
+    d = _drafter(target, 1)
+    ids = torch.randint(3, 97, (1, 9))
+    cache = target(ids[:, :6], use_cache=True).past_key_values
+    state = GlideDraftCache(d)
+    state.step(ids[:, :6], cache)
+    state.step(ids[:, 6:7], cache, draft=True)
+    state.step(ids[:, 7:8], cache, draft=True)
+    with HostSyncCounter() as syncs:
+        state.accepted(1)
+        keep = state.sync(ids)
+    assert syncs.total == 0, syncs.by_kind
+    assert keep == 7 and state.cache.get_seq_length() == 7 and torch.equal(state.fed, ids[0, :7])

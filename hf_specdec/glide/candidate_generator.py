@@ -42,38 +42,46 @@ class GlideDraftCache:
     :meth:`sync` (keep the longest prefix of the committed tokens already fed; drafts that were rejected are
     cropped away), then :meth:`step` feeds the tokens after that prefix and returns the next-token draft logits.
     The cache holds exactly the tokens ``fed`` at positions ``0 .. len(fed) - 1``.
+
+    Which of them are still valid is known from lengths alone, with no read of the tokens: the committed ones
+    (every token fed but this round's drafts), then the drafts the verification accepted (:meth:`accepted`, the
+    count the loop has already read to emit them). ``fed`` stays on the device; nothing here reads it.
     """
 
     def __init__(self, drafter):
         self.drafter = drafter
         self.cache = DynamicCache()
-        # tokens whose keys/values are in self.cache: a host copy, compared with input_ids on the CPU in sync
-        self.fed = torch.empty(0, dtype=torch.long, device="cpu")
+        # tokens whose keys/values are in self.cache (on the drafter's device), and how many are committed
+        self.fed = torch.empty(0, dtype=torch.long, device=drafter.norm.weight.device)
+        self.committed = 0
         self.forwards = 0  # drafter forwards so far
 
+    def accepted(self, n: int) -> None:
+        """The verification accepted this round's first ``n`` drafts: those the drafter was fed stay valid."""
+        self.committed = min(self.committed + int(n), len(self.fed))
+
     def sync(self, input_ids: torch.LongTensor) -> int:
-        """Crop the cache to the longest prefix of ``input_ids`` (its last token excluded) already consumed;
-        returns that prefix length, i.e. where the next :meth:`step` starts."""
-        ids = input_ids[0].cpu()
-        n = min(len(self.fed), len(ids) - 1)
-        same = (self.fed[:n] == ids[:n]).long()
-        keep = int(same.cumprod(0).sum()) if n else 0
+        """Crop the cache to the committed tokens it holds (``input_ids``'s last token excluded: it is fed next);
+        returns their number, i.e. where the next :meth:`step` starts."""
+        keep = min(self.committed, input_ids.shape[1] - 1)
         if keep < self.cache.get_seq_length():
             self.cache.crop(keep - self.cache.get_seq_length())
-        self.fed = ids[:keep]
+        self.fed, self.committed = self.fed[:keep], keep
         return keep
 
-    def step(self, step_ids: torch.LongTensor, target_cache) -> torch.Tensor:
+    def step(self, step_ids: torch.LongTensor, target_cache, draft: bool = False) -> torch.Tensor:
         """One drafter forward over ``step_ids`` (1, n), placed right after the cached tokens and cross-attending
         to ``target_cache`` (the target's verified KV cache); returns the float draft-vocabulary logits of the
-        last position, (1, draft vocab)."""
+        last position, (1, draft vocab). ``draft``: the tokens are this round's drafts (valid only once
+        :meth:`accepted`), else committed ones."""
         device = self.drafter.norm.weight.device
         start = len(self.fed)
         positions = torch.arange(start, start + step_ids.shape[1], device=device)[None]
         hidden = self.drafter.hidden_states(
             step_ids.to(device), positions, self.cache, target_past_key_values=target_cache
         )[:, -1:]
-        self.fed = torch.cat([self.fed, step_ids[0].cpu()])
+        self.fed = torch.cat([self.fed, step_ids[0].to(device)])
+        self.committed = self.committed if draft else len(self.fed)
         self.forwards += 1
         return self.drafter.draft_logits(hidden)[:, 0].float()
 
@@ -110,8 +118,8 @@ class GlideCandidateGenerator(CandidateGenerator):
         step_ids = input_ids[:, keep:].to(device)
         sequence = input_ids.to(device)
         scores = []
-        for _ in range(budget):
-            logits = self.state.step(step_ids, target_cache)
+        for i in range(budget):
+            logits = self.state.step(step_ids, target_cache, draft=i > 0)
             token, processed, confidence = draft_token(self, self.drafter, sequence, logits)
             token_id, p = read_draft(token, confidence)
             kept, more = self.sizer.take(p, token_id)
@@ -128,4 +136,5 @@ class GlideCandidateGenerator(CandidateGenerator):
         return sequence, candidate_logits
 
     def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
+        self.state.accepted(num_matches)  # the drafts fed and accepted stay in the drafter's cache
         chain_verified(self, input_ids, num_matches)  # gamma is the paper's constant (§5.1); the gate learns

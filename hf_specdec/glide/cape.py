@@ -140,8 +140,8 @@ class CapeProposer(TreeProposer):
     (``core/draft_budget.py``: a deeper draft only while it can pay for its drafter forward, then the nodes that pay
     for their verification); ``None`` keeps all of S(p) and gamma, as in the paper.
     ``logits_processor``: the processors of the ``generate`` call (``glide_cape`` passes them), used to rank the draft
-    tokens. After each ``propose``,
-    ``last_confidences`` / ``last_sizes`` hold p_i and |X_i| per position.
+    tokens. After each ``propose``, ``last_confidences`` / ``last_sizes`` hold p_i and |X_i| per position, and
+    ``last_chain`` the number of proposal tokens verified.
     """
 
     def __init__(
@@ -171,9 +171,8 @@ class CapeProposer(TreeProposer):
         self.eos: set[int] = set()
         self.last_confidences: list[float] = []
         self.last_sizes: list[int] = []
-        self.shared = (
-            gate  # the gate kept across generations (glide_cape's measured costs), else one per generation
-        )
+        self.last_chain = 0
+        self.shared = gate  # the gate kept across generations (measured costs), else one per generation
         self.gate: DraftGate | None = None
         self._pending: tuple[float, float, int | None] | None = None  # DraftBudget.keep_checked's record
 
@@ -190,6 +189,8 @@ class CapeProposer(TreeProposer):
 
     def observe(self, feedback: StepFeedback) -> None:
         self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
+        if feedback.tree is not None:  # the chain's nodes (0 .. last_chain - 1) accepted stay in its cache
+            self.state.accepted(sum(node < self.last_chain for node in feedback.accepted_nodes))
         if self._pending is not None:
             self.gate.verified(self._pending, feedback.new_tokens, feedback.num_accepted)
             self._pending = None
@@ -212,7 +213,7 @@ class CapeProposer(TreeProposer):
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         gamma = min(self.gamma, max_depth)
-        self.last_confidences, self.last_sizes = [], []
+        self.last_confidences, self.last_sizes, self.last_chain = [], [], 0
         if gamma <= 0 or self.state is None or (self.gate is not None and not self.gate.draft_now()):
             return TokenTree.empty(input_ids.device)  # a skipped step: the drafter catches up on the next one
         # the estimates, corrected by what was accepted
@@ -224,7 +225,7 @@ class CapeProposer(TreeProposer):
         sibling_probs: list[list[float]] = []
         reach = 1.0  # P(every proposal token so far is accepted), as the drafter estimates it
         for i in range(gamma):
-            logits = self.state.step(step_ids, self.target_cache)[0]
+            logits = self.state.step(step_ids, self.target_cache, draft=i > 0)[0]
             token, p, siblings, probs = self._rank(sequence, logits)
             proposal.append(token)
             expansions.append(siblings)
@@ -256,6 +257,7 @@ class CapeProposer(TreeProposer):
             expansions = [[t for t in siblings if next(node) in kept] for siblings in expansions]
             proposal = proposal[:chain]
         self.last_sizes = [len(siblings) for siblings in expansions]  # |X_i| as verified
+        self.last_chain = len(proposal)
         return cape_tree(proposal, expansions, input_ids.device)
 
 
