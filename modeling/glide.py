@@ -205,12 +205,14 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         target_past_key_values=None,
         cross_attention_mask: torch.Tensor | None = None,
         self_attention_mask: torch.Tensor | None = None,
+        first_position: int | None = None,
     ) -> torch.Tensor:
         """Final-normed draft hidden states (B, n, d_D). ``cross_attention_mask``: bool (n, t) or (B, 1, n, t),
         True = may attend; default: a query at position p sees target positions k < p (at inference the target
         cache ends before the first draft position, so all of it is visible to the drafted positions).
         ``self_attention_mask``: bool (n, n), True = may attend, instead of the causal mask (training with fed-back
-        inputs, ``unrolled_inputs``)."""
+        inputs, ``unrolled_inputs``). ``first_position``: ``position_ids``'s smallest value when the caller knows it
+        on the host (the default cross mask needs it; otherwise it is read from the device)."""
         target = self._require_target()
         b, n = input_ids.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -230,7 +232,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         h = target.get_input_embeddings()(input_ids).to(self.norm.weight.dtype)
         cos_sin = self.__dict__["_rotary"](h, position_ids)
         cos_sin = tuple(c.to(h.dtype) for c in cos_sin)
-        first = None  # the first query position, read once if a default cross mask is needed
+        first = first_position  # the first query position, read once if a default cross mask needs it
         for m, layer in enumerate(self.layers):
             kv = self._target_kv(target_past_key_values, self.config.target_layers[m])
             mask = cross_attention_mask

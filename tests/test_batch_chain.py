@@ -16,7 +16,8 @@ from hf_specdec.core.stats import DecodeStats
 from hf_specdec.edd.tree_proposer import EddTreeProposer
 from hf_specdec.errors import SpecDecError
 from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
-from hf_specdec.glide.cape import CHAIN, CapeProposer
+from hf_specdec.glide.cape import CapeProposer
+from hf_specdec.glide.expansion import CHAIN
 
 from .conftest import assert_pairs_follow_target, batch_pair_counts, left_pad, tiny_llama, warped_next_token
 from .test_batching import prompts_of

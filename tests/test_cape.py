@@ -14,15 +14,8 @@ from hf_specdec.bench.methods import BenchContext, get_method
 from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.tree_decoding import StepFeedback, tree_generate
 from hf_specdec.errors import SpecDecError
-from hf_specdec.glide.cape import (
-    DEFAULT_EXPANSION,
-    CapeProposer,
-    cape_tree,
-    check_expansion,
-    expand,
-    expansion_size,
-    glide_cape,
-)
+from hf_specdec.glide.cape import CapeProposer, glide_cape
+from hf_specdec.glide.expansion import DEFAULT_EXPANSION, cape_tree, check_expansion, expand, expansion_size
 
 from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_llama
 from .test_glide_model import _drafter
@@ -164,9 +157,9 @@ def test_siblings_come_from_the_same_forward_gamma_forwards_per_step():
         proposer.rows.append(out[0, -1].float())
         return out
 
-    def spy_hidden(ids, positions, cache, target_past_key_values=None):
+    def spy_hidden(ids, positions, cache, **kwargs):
         proposer.fed_lengths.append(ids.shape[1])
-        return type(d).hidden_states(d, ids, positions, cache, target_past_key_values=target_past_key_values)
+        return type(d).hidden_states(d, ids, positions, cache, **kwargs)
 
     d.draft_logits, d.hidden_states = spy, spy_hidden
     prompt = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(2))
@@ -387,7 +380,7 @@ def test_real_target_trained_glide_cape_is_identical(real_target):
 def test_draft_budget_keeps_the_cape_tokens_that_pay_for_their_verification():
     from hf_specdec.core.draft_budget import DraftBudget
     from hf_specdec.core.verify_cost import CostCurve
-    from hf_specdec.glide.cape import cape_tree, node_estimates
+    from hf_specdec.glide.expansion import node_estimates
 
     confidences = [0.5, 0.9, 0.2]
     sibling_probs = [[0.3, 0.1], [0.05], [0.4, 0.3, 0.01]]
@@ -421,3 +414,35 @@ def test_draft_budget_runs_a_drafter_forward_only_when_it_can_pay():
     assert budget.worth_drafting(0.16, n=1)  # 0.16 >= 0.05 + 0.1
     assert not budget.worth_drafting(0.14, n=1)
     assert DraftBudget(CostCurve.linear(0.0), 0.0).worth_drafting(1e-9, n=30)  # free: always deeper
+
+
+@pytest.mark.parametrize("kw", [{}, {"draft_vocab_size": 50}])
+def test_without_a_budget_one_host_read_per_step_and_the_same_tree(kw):
+    """With nothing to decide between drafter forwards (no budget: the paper's CAPE, and GLIDE's batched chain),
+    the proposal is fed back on the device and the step reads the device once; the tree is the one the
+    read-per-position path builds when its budget never cuts (a free verification and drafter)."""
+    from hf_specdec.core.draft_budget import DraftBudget
+    from hf_specdec.core.host_syncs import HostSyncCounter
+    from hf_specdec.core.verify_cost import CostCurve
+
+    target = tiny_llama()
+    d = _drafter(target, **kw)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        ids = torch.randint(3, 97, (1, 9), generator=gen)
+        unread, sized = (
+            CapeProposer(d, gamma=5),
+            CapeProposer(d, gamma=5, budget=DraftBudget(CostCurve.linear(0))),
+        )
+        _ready(unread, target, ids)
+        _ready(sized, target, ids)
+        with HostSyncCounter() as syncs:
+            tree = unread.propose(ids, max_depth=10)
+        with HostSyncCounter() as sized_syncs:
+            reference = sized.propose(ids, max_depth=10)
+        assert syncs.total == 1, syncs.by_kind
+        assert sized_syncs.total >= reference.max_depth  # the sized path reads after every forward
+        assert tree.tokens.tolist() == reference.tokens.tolist() and len(tree) > 5
+        assert tree.parents.tolist() == reference.parents.tolist()
+        assert unread.last_confidences == pytest.approx(sized.last_confidences)
+        assert unread.last_sizes == sized.last_sizes

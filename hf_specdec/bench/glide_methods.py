@@ -106,7 +106,7 @@ class GlideCape(_DrafterMethod):
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
-        from hf_specdec.glide.cape import DEFAULT_EXPANSION, check_expansion
+        from hf_specdec.glide.expansion import DEFAULT_EXPANSION, check_expansion
 
         bins = ctx.options.get("cape_bins")
         self.expansion = check_expansion(parse_bins(bins) if bins else DEFAULT_EXPANSION)

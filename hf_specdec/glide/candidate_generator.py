@@ -78,7 +78,11 @@ class GlideDraftCache:
         start = len(self.fed)
         positions = torch.arange(start, start + step_ids.shape[1], device=device)[None]
         hidden = self.drafter.hidden_states(
-            step_ids.to(device), positions, self.cache, target_past_key_values=target_cache
+            step_ids.to(device),
+            positions,
+            self.cache,
+            target_past_key_values=target_cache,
+            first_position=start,
         )[:, -1:]
         self.fed = torch.cat([self.fed, step_ids[0].to(device)])
         self.committed = self.committed if draft else len(self.fed)

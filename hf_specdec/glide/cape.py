@@ -55,81 +55,20 @@ from ..core.chain_drafting import chain_length
 from ..core.draft_budget import DraftBudget, DraftGate, measured_drafter_cost, shared_gate
 from ..core.generate_io import check_generation_mode, check_prompt, eos_token_ids, first_row
 from ..core.stats import DecodeStats
-from ..core.tree import ROOT, TokenTree
+from ..core.tree import TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 from .candidate_generator import GlideDraftCache
-
-# S(p) of §4.2 as (upper bound of the confidence bin, K): K = 7 for p <= 0.3, 5 for p <= 0.6, 3 for p <= 0.8,
-# 1 above. Bins are left-open, right-closed; the last upper bound must be >= 1.
-DEFAULT_EXPANSION: tuple[tuple[float, int], ...] = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
-# No expansion set at any confidence: the proposal chain alone (GLIDE's chain at batch size > 1, modeling/glide.py)
-CHAIN: tuple[tuple[float, int], ...] = ((1.0, 0),)
-
-
-def check_expansion(expansion: Sequence[Sequence[float]]) -> tuple[tuple[float, int], ...]:
-    """Validate an S(p) table ``[(upper, K), ...]`` (increasing uppers, last >= 1, K >= 0)."""
-    table = tuple((float(u), int(k)) for u, k in expansion)
-    uppers = [u for u, _ in table]
-    if not table or uppers != sorted(set(uppers)) or uppers[-1] < 1.0 or any(k < 0 for _, k in table):
-        raise SpecDecError(
-            f"invalid CAPE expansion table {expansion!r}: give [(upper, K), ...] with strictly increasing "
-            "confidence upper bounds, the last one >= 1.0, and sizes K >= 0 (default ((0.3, 7), (0.6, 5), "
-            "(0.8, 3), (1.0, 1)))"
-        )
-    return table
-
-
-def expansion_size(p: float, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION) -> int:
-    """K = S(p): the size of the expansion set for a proposal token of confidence ``p``."""
-    for upper, k in expansion:
-        if p <= upper:
-            return k
-    return expansion[-1][1]
-
-
-def expand(
-    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION
-) -> tuple[int, float, list[int], list[float]]:
-    """One draft position from one distribution ``probs`` (``(vocab,)``): the proposal token (argmax), its
-    confidence ``p = max probs``, the expansion set (the ``S(p)`` next-best tokens in decreasing probability; tokens
-    of probability 0 are left out) and the set's probabilities."""
-    k_max = max(k for _, k in expansion)
-    top = probs.topk(min(k_max + 1, probs.numel()))
-    # one host read per draft position (float64 holds every token id exactly)
-    packed = torch.cat([top.values.double(), top.indices.double()]).tolist()
-    width = top.values.numel()
-    values, indices = packed[:width], [int(t) for t in packed[width:]]
-    p = values[0]
-    k = expansion_size(p, expansion)
-    kept = [j for j in range(1, min(1 + k, width)) if values[j] > 0]
-    return indices[0], p, [indices[j] for j in kept], [values[j] for j in kept]
-
-
-def node_estimates(confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]]) -> list[float]:
-    """Each node's estimated acceptance probability, in :func:`cape_tree`'s node order: proposal token ``i``
-    ``p_1 * ... * p_i``, an expansion token of position ``i`` ``P(reach i) * q`` (``P(reach i) = p_1 * ... *
-    p_{i-1}``; ``q`` its draft probability)."""
-    reach, chain, leaves = 1.0, [], []
-    for p, probs in zip(confidences, sibling_probs):
-        leaves += [reach * q for q in probs]
-        reach *= p
-        chain.append(reach)
-    return chain + leaves
-
-
-def cape_tree(
-    proposal: Sequence[int], expansions: Sequence[Sequence[int]], device: torch.device | str = "cpu"
-) -> TokenTree:
-    """The expanded proposal as a tree: nodes ``0 .. gamma-1`` are the proposal chain, then the expansion sets in
-    position order, each token a leaf child of the proposal token before its position (the root for position 1)."""
-    tokens = [int(t) for t in proposal]
-    parents = list(range(ROOT, len(tokens) - 1))
-    for i, tokens_i in enumerate(expansions):
-        tokens += [int(t) for t in tokens_i]
-        parents += [i - 1] * len(tokens_i)
-    return TokenTree(tokens, parents, device=device)
+from .expansion import (
+    CHAIN,
+    DEFAULT_EXPANSION,
+    cape_tree,
+    check_expansion,
+    expansion_from,
+    node_estimates,
+    ranked_width,
+)
 
 
 class CapeProposer(TreeProposer):
@@ -165,7 +104,6 @@ class CapeProposer(TreeProposer):
         self.expansion = check_expansion(expansion)
         self.logits_processor = logits_processor
         self.budget = budget
-        self.vocab_ids: list[int] | None = None  # the draft vocabulary's token ids, on the host
         self.state: GlideDraftCache | None = None
         self.target_cache = None
         self.eos: set[int] = set()
@@ -182,8 +120,6 @@ class CapeProposer(TreeProposer):
         self.state = GlideDraftCache(self.drafter)
         self.target_cache = None
         self.eos = set(eos_token_ids(generation_config))
-        ids = self.drafter.draft_vocab_ids
-        self.vocab_ids = None if ids is None else ids.tolist()  # read once per generation
         self.gate = None if self.budget is None else self.shared or DraftGate()
         self._pending = None
 
@@ -195,20 +131,53 @@ class CapeProposer(TreeProposer):
             self.gate.verified(self._pending, feedback.new_tokens, feedback.num_accepted)
             self._pending = None
 
-    def _rank(
-        self, sequence: torch.Tensor, logits: torch.Tensor
-    ) -> tuple[int, float, list[int], list[float]]:
-        """Proposal token, confidence, expansion set (full-vocabulary ids) and the set's draft probabilities,
-        from one draft-vocab logits row."""
+    def _top(self, sequence: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top :func:`ranked_width` draft probabilities of one draft-vocab logits row, decreasing, and their
+        full-vocabulary token ids, on the device."""
+        k = ranked_width(self.expansion)
         if self.logits_processor:
             full = self.drafter.to_full_vocab(logits[None])
-            full = self.logits_processor(sequence, full.to(sequence.device))[0]
-            return expand(full.softmax(-1), self.expansion)
-        token, p, siblings, probs = expand(logits.softmax(-1), self.expansion)
-        ids = self.vocab_ids
-        if ids is None:
-            return token, p, siblings, probs
-        return ids[token], p, [ids[s] for s in siblings], probs
+            probs = self.logits_processor(sequence, full.to(sequence.device))[0].softmax(-1)
+            top = probs.topk(min(k, probs.shape[-1]))
+            return top.values, top.indices
+        top = logits.softmax(-1).topk(min(k, logits.shape[-1]))
+        ids = self.drafter.draft_vocab_ids
+        return top.values, top.indices if ids is None else ids.to(top.indices.device)[top.indices]
+
+    def _draft_unread(self, step_ids: torch.Tensor, sequence: torch.Tensor, gamma: int) -> list[tuple]:
+        """gamma drafter forwards, each proposal token fed back on the device, then one read of every position's
+        top tokens (a draft past an end-of-sequence token is drafted and dropped: no read to stop at it)."""
+        values, tokens = [], []
+        for i in range(gamma):
+            v, t = self._top(sequence, self.state.step(step_ids, self.target_cache, draft=i > 0)[0])
+            values.append(v)
+            tokens.append(t)
+            step_ids = t[:1].view(1, 1)
+            sequence = torch.cat([sequence, step_ids], dim=1)
+        values, tokens = torch.stack([torch.stack(values).double(), torch.stack(tokens).double()]).tolist()
+        return [expansion_from(v, t, self.expansion) for v, t in zip(values, tokens)]
+
+    def _draft_sized(
+        self, step_ids: torch.Tensor, sequence: torch.Tensor, gamma: int, scale: float
+    ) -> list[tuple]:
+        """Up to gamma drafter forwards, one host read after each: the next forward only while the budget says the
+        proposal so far (its estimate corrected by ``scale``) can pay for it, and never past end-of-sequence."""
+        ranked, reach = (
+            [],
+            1.0,
+        )  # reach: P(every proposal token so far is accepted), as the drafter estimates it
+        for i in range(gamma):
+            v, t = self._top(sequence, self.state.step(step_ids, self.target_cache, draft=i > 0)[0])
+            values, tokens = torch.stack([v.double(), t.double()]).tolist()  # one host read per position
+            ranked.append(expansion_from(values, tokens, self.expansion))
+            token, reach = ranked[-1][0], reach * ranked[-1][1]
+            if token in self.eos or i == gamma - 1:
+                break
+            if not self.budget.worth_drafting(min(reach * scale, 1.0), len(ranked)):
+                break
+            step_ids = t[:1].view(1, 1)
+            sequence = torch.cat([sequence, step_ids], dim=1)
+        return ranked
 
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
@@ -220,26 +189,18 @@ class CapeProposer(TreeProposer):
         scale = 1.0 if self.gate is None else self.gate.estimate_scale
         keep = self.state.sync(input_ids)
         step_ids, sequence = input_ids[:, keep:], input_ids
-        proposal: list[int] = []
-        expansions: list[list[int]] = []
-        sibling_probs: list[list[float]] = []
-        reach = 1.0  # P(every proposal token so far is accepted), as the drafter estimates it
-        for i in range(gamma):
-            logits = self.state.step(step_ids, self.target_cache, draft=i > 0)[0]
-            token, p, siblings, probs = self._rank(sequence, logits)
+        if self.budget is None:  # nothing to decide between forwards: one host read after them
+            ranked = self._draft_unread(step_ids, sequence, gamma)
+        else:
+            ranked = self._draft_sized(step_ids, sequence, gamma, scale)
+        proposal, expansions, sibling_probs = [], [], []
+        for token, p, siblings, probs in ranked:
             proposal.append(token)
             expansions.append(siblings)
             sibling_probs.append(probs)
             self.last_confidences.append(p)
-            reach *= p
-            if token in self.eos or i == gamma - 1:
+            if token in self.eos:
                 break
-            if self.budget is not None and not self.budget.worth_drafting(
-                min(reach * scale, 1.0), len(proposal)
-            ):
-                break
-            step_ids = input_ids.new_tensor([[token]])
-            sequence = torch.cat([sequence, step_ids], dim=1)
         if self.budget is not None:  # cut on the host lists, then build the one tree that is verified
             depth = [
                 *range(1, len(proposal) + 1),
