@@ -162,10 +162,8 @@ class CapeProposer(TreeProposer):
     ) -> list[tuple]:
         """Up to gamma drafter forwards, one host read after each: the next forward only while the budget says the
         proposal so far (its estimate corrected by ``scale``) can pay for it, and never past end-of-sequence."""
-        ranked, reach = (
-            [],
-            1.0,
-        )  # reach: P(every proposal token so far is accepted), as the drafter estimates it
+        ranked: list[tuple] = []
+        reach = 1.0  # P(every proposal token so far is accepted), as the drafter estimates it
         for i in range(gamma):
             v, t = self._top(sequence, self.state.step(step_ids, self.target_cache, draft=i > 0)[0])
             values, tokens = torch.stack([v.double(), t.double()]).tolist()  # one host read per position
