@@ -15,7 +15,14 @@ from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.tree_decoding import StepFeedback, tree_generate
 from hf_specdec.errors import SpecDecError
 from hf_specdec.glide.cape import CapeProposer, glide_cape
-from hf_specdec.glide.expansion import DEFAULT_EXPANSION, cape_tree, check_expansion, expand, expansion_size
+from hf_specdec.glide.expansion import (
+    DEFAULT_EXPANSION,
+    cape_tree,
+    check_expansion,
+    expansion_from,
+    expansion_size,
+    ranked_width,
+)
 
 from .conftest import CollectStreamer, assert_pairs_follow_target, tiny_llama
 from .test_glide_model import _drafter
@@ -43,6 +50,13 @@ def _ready(proposer: CapeProposer, target, ids: torch.Tensor) -> None:
 
 
 # ------------------------------------------------------------------ S(p) and the expansion sets
+def expand(probs: torch.Tensor) -> tuple[int, float, list[int], list[float]]:
+    """The proposal token, its confidence, the expansion set and its probabilities from one distribution: the
+    reference the proposer's drafts are checked against."""
+    top = probs.topk(min(ranked_width(DEFAULT_EXPANSION), probs.numel()))
+    return expansion_from(top.values.tolist(), top.indices.tolist())
+
+
 def test_expansion_sizes_follow_the_bins():
     sizes = [expansion_size(p) for p in (0.01, 0.3, 0.31, 0.6, 0.61, 0.8, 0.81, 1.0)]
     assert sizes == [7, 7, 5, 5, 3, 3, 1, 1]

@@ -78,12 +78,8 @@ def test_card_of_a_new_run(tmp_path, capsys):
     info = json.loads((SHIPPED["glide"] / "model_card.json").read_text())
     for key in ("evaluations", "validation_source", "validation_rows"):
         info.pop(key, None)  # a new run's card: only its own validation, on its ShareGPT blocks
-    info["measured"] = {
-        "prompts": 2,
-        "max_new_tokens": 64,
-        "tau": 1.153,
-        "alpha": 0.035,
-    }  # --measure-prompts 2
+    # a run with --measure-prompts 2
+    info["measured"] = {"prompts": 2, "max_new_tokens": 64, "tau": 1.153, "alpha": 0.035}
     card = ModelCard.load(write_model_card(tmp_path, info))
     assert card.data.base_model == DEFAULT_TARGET_HUB_ID
     assert f'from_pretrained("{tmp_path}", target=target)' in card.text

@@ -62,15 +62,6 @@ def expansion_from(
     return int(tokens[0]), p, [int(tokens[j]) for j in kept], [values[j] for j in kept]
 
 
-def expand(
-    probs: torch.Tensor, expansion: Sequence[tuple[float, int]] = DEFAULT_EXPANSION
-) -> tuple[int, float, list[int], list[float]]:
-    """:func:`expansion_from` for one distribution ``probs`` (``(vocab,)``), with one host read."""
-    top = probs.topk(min(ranked_width(expansion), probs.numel()))
-    values, tokens = torch.stack([top.values.double(), top.indices.double()]).tolist()  # ids exact in float64
-    return expansion_from(values, tokens, expansion)
-
-
 def node_estimates(confidences: Sequence[float], sibling_probs: Sequence[Sequence[float]]) -> list[float]:
     """Each node's estimated acceptance probability, in :func:`cape_tree`'s node order: proposal token ``i``
     ``p_1 * ... * p_i``, an expansion token of position ``i`` ``P(reach i) * q`` (``P(reach i) = p_1 * ... *
