@@ -193,3 +193,15 @@ def test_a_probe_is_sized_on_the_drafters_own_estimates():
             gate.verified(record, [5, 6, 7, 8], 3)
     assert gate.rate >= 1 and gate.draft_now() and not gate.probing
     assert budget.keep_checked(gate, estimates, depths, 3, 7)[0] == [0, 1, 2]
+
+
+def test_keep_takes_the_best_tree_where_small_trees_cost_more_than_larger_ones():
+    """fp32 on a CPU: c(2), c(3) above c(4). One node of 0.5 does not pay for c(2) = 1.6, three nodes do at c(4)."""
+    fp32 = DraftBudget(CostCurve({1: 1.0, 2: 1.6, 3: 2.0, 4: 1.5, 8: 1.5}), drafter_cost=0.1)
+    estimates, depths = [0.5, 0.3, 0.25, 0.01], [1, 1, 2, 1]
+    assert fp32.keep(estimates[:1], depths[:1]) == []
+    assert fp32.keep(estimates, depths) == [0, 1, 2, 3]  # E / T = 2.06 / 1.6: the 4th node is free
+    assert fp32.keep([0.2, 0.1, 0.05], [1, 1, 1]) == []  # 1.35 / 1.6 < 1: no tree pays
+    # a convex curve: the same as adding nodes while e / (c(q + 1) - c(q)) >= E / T
+    convex = DraftBudget(CostCurve.linear(0.2), drafter_cost=0.1)
+    assert convex.keep(estimates, depths) == [0, 1, 2]  # 0.25 * 1.7 >= 1.8 * 0.2, 0.01 * 1.9 < 2.05 * 0.2

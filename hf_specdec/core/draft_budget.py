@@ -8,9 +8,10 @@ accepted, estimated by the drafter as the product of the confidences along its p
 PCT's estimate). Decoding runs at ``E / T`` tokens per forward; plain ``generate`` at 1.
 
 **Which nodes.** Adding node ``i`` to a tree of ``n`` nodes adds ``e_i`` to ``E`` and ``c(q + 1) - c(q)`` to ``T``;
-it raises ``E / T`` exactly when ``e_i / (c(q + 1) - c(q)) >= E / T``. :meth:`DraftBudget.keep` takes the nodes
-best estimate first (a node's estimate is never above its parent's, so the kept set is a tree) while that holds. In a
-batch of ``rows`` rows, a wider forward slows every row: the marginal cost counts ``rows`` times.
+it raises ``E / T`` exactly when ``e_i / (c(q + 1) - c(q)) >= E / T``. :meth:`DraftBudget.keep` orders the nodes
+best estimate first (a node's estimate is never above its parent's, so every prefix is a tree) and keeps the prefix
+with the highest ``E / T``: while ``c(q)`` is convex, the nodes added while that holds. In a batch of ``rows`` rows,
+a wider forward slows every row: the marginal cost counts ``rows`` times.
 
 **Whether to run the drafter again.** Drafting one level deeper costs ``c_d`` now, before its confidences are
 known; the best it can add is ``reach``, the estimate of the node it would extend. :meth:`DraftBudget.worth_drafting`
@@ -60,18 +61,19 @@ class DraftBudget:
         return 1.0 + forwards * self.drafter_cost + self.rows * (self.cost(n + 1) - self.cost(1))
 
     def keep(self, estimates: Sequence[float], depths: Sequence[int], forwards: int = 1) -> list[int]:
-        """The nodes worth verifying (increasing indices): best estimate first (shallower, then earlier, on ties)
-        while ``e / (c(q + 1) - c(q)) >= E / T``; ``forwards``: drafter forwards spent on this tree."""
+        """The nodes worth verifying (increasing indices): the prefix of the best-first order (shallower, then
+        earlier, on ties) with the highest ``E / T`` (the longest on ties); ``forwards``: drafter forwards spent on
+        this tree. Where ``c(q)`` is convex this is adding nodes while ``e / (c(q + 1) - c(q)) >= E / T``; a measured
+        curve need not be (fp32 on a CPU: ``c(2)``, ``c(3)`` above ``c(4)``), and then a tree of four can pay where
+        one node alone would not."""
         order = sorted(range(len(estimates)), key=lambda i: (-estimates[i], depths[i], i))
-        kept: list[int] = []
         gain, time = 1.0, 1.0 + forwards * self.drafter_cost
-        for i in order:
-            step = self.marginal(len(kept))
-            if estimates[i] * time < gain * step:
-                break
-            kept.append(i)
-            gain, time = gain + estimates[i], time + step
-        return sorted(kept)
+        best, size = gain / time, 0
+        for n, i in enumerate(order):
+            gain, time = gain + estimates[i], time + self.marginal(n)
+            if gain >= best * time:
+                best, size = gain / time, n + 1
+        return sorted(order[:size])
 
     def keep_checked(
         self,

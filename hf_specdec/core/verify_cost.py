@@ -14,12 +14,10 @@ import torch
 
 from .timing import device_of, median, seconds
 
-SIZES = (
-    1,
-    4,
-    16,
-    64,
-)  # query lengths timed; c(q) in between is linear interpolation, beyond is extrapolation
+# query lengths timed; c(q) in between is linear interpolation, beyond is extrapolation. 2 and 3 are timed: on a
+# CPU in fp32 they can cost more than 4 (AMD Zen 5, 2 threads: c(2) 1.59, c(3) 1.97, c(4) 1.52), which no line
+# through 1 and 4 would show, and they are the sizes a weak drafter's trees have
+SIZES = (1, 2, 3, 4, 8, 16, 64)
 _ATTR = "_hf_specdec_verify_cost"
 
 
