@@ -8,6 +8,7 @@ import torch
 from hf_specdec.bench.harness import run_bench
 from hf_specdec.cli import main
 from hf_specdec.core.stats import ForwardMeter
+from hf_specdec.core.verify_cost import SIZES
 from hf_specdec.errors import SpecDecError
 from hf_specdec.machine import cpu_has_native_bf16, machine_line, resolve_auto_dtype
 
@@ -89,7 +90,7 @@ def test_bench_reports_each_drafters_cost(tmp_path):
     assert not more and setting.startswith(
         f"{torch.get_default_dtype()}, cpu, {torch.get_num_threads()} thread"
     )
-    assert curve["1"] == 1.0 and set(curve) == {"1", "4", "16", "64"} and min(curve.values()) >= 1.0
+    assert curve["1"] == 1.0 and set(curve) == {str(q) for q in SIZES} and min(curve.values()) >= 1.0
     assert set(sizing["drafter_c"]) == {"glide", "edd", "edd-pct"}
     assert sizing["drafter_c"]["edd"] == sizing["drafter_c"]["edd-pct"]  # one drafter, timed once
     assert f"c(64) {curve['64']:.2f}" in report and "drafter c_d: `glide`" in report
