@@ -152,7 +152,9 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: EddConfig):
         super().__init__(config)
-        self.decoder = AutoModel.from_config(config.decoder_config())
+        # at the dtype this model is being built in (``from_pretrained(..., dtype=)`` sets it): ``from_config`` would
+        # otherwise build the layer at the dtype recorded in ``layer_config`` (the target's when the drafter was made)
+        self.decoder = AutoModel.from_config(config.decoder_config(), dtype=torch.get_default_dtype())
         if hasattr(self.decoder, "embed_tokens"):
             self.decoder.embed_tokens = None  # the target's embedding is used (never stored here)
         self._init_draft_vocab()

@@ -46,6 +46,22 @@ def test_auto_classes_load_a_drafter_with_and_without_its_target(kind, tmp_path)
         loose(input_ids=ids)
 
 
+@pytest.mark.parametrize("kind", ["hf_specdec_edd", "hf_specdec_glide"])
+def test_a_drafter_loads_at_the_dtype_asked_for(kind, tmp_path):
+    """``from_pretrained(..., dtype=torch.bfloat16)`` gives a bf16 drafter, however its layer config records the
+    target's dtype: an fp32 drafter beside a bf16 target ran its layer in fp32 and cast the LM head every call."""
+    target = tiny_llama(num_hidden_layers=4).to(torch.bfloat16)
+    made_beside = tiny_llama(num_hidden_layers=4)
+    made_beside.config.dtype = torch.float32  # as a loaded target's config records it
+    _drafters(made_beside)[kind].save_pretrained(tmp_path)
+    for loaded in (
+        AutoModelForCausalLM.from_pretrained(tmp_path, target=target, dtype=torch.bfloat16),
+        type(_drafters(target)[kind]).from_pretrained(tmp_path, target=target, dtype=torch.bfloat16),
+    ):
+        assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in AutoModelForCausalLM.from_pretrained(tmp_path).parameters()} == {torch.float32}
+
+
 @pytest.mark.parametrize("old_type", ["edd", "glide"])
 def test_checkpoints_of_the_earlier_model_types_still_load(old_type, tmp_path):
     """Checkpoints written before the namespace (model_type 'edd' / 'glide'; EDD's fingerprint under 'target') load
