@@ -205,3 +205,39 @@ def test_keep_takes_the_best_tree_where_small_trees_cost_more_than_larger_ones()
     # a convex curve: the same as adding nodes while e / (c(q + 1) - c(q)) >= E / T
     convex = DraftBudget(CostCurve.linear(0.2), drafter_cost=0.1)
     assert convex.keep(estimates, depths) == [0, 1, 2]  # 0.25 * 1.7 >= 1.8 * 0.2, 0.01 * 1.9 < 2.05 * 0.2
+
+
+_FALLING = {1: 1.0, 2: 1.05, 3: 0.95, 4: 1.0, 8: 1.1, 64: 2.0}  # c(3) under c(2) by more than c_d = 0.05
+
+
+def test_the_expansion_threshold_counts_a_falling_cost_as_flat():
+    bf16 = DraftBudget(CostCurve(_FALLING), drafter_cost=0.05)
+    assert bf16.expand_threshold(1) == pytest.approx(0.05)  # not 0.05 + 0.95 - 1.05 < 0
+    assert not bf16.worth_drafting(0.04, 1) and bf16.worth_drafting(0.06, 1)
+    free = DraftBudget(CostCurve.linear(0.0), drafter_cost=0.0)
+    assert free.expand_threshold(3) == DraftBudget.MIN_THRESHOLD
+
+
+def test_a_falling_cost_curve_does_not_expand_the_whole_tree(target_and_edd, monkeypatch):
+    """bf16 on a CPU: c(3) can fall below c(2) by more than c_d. The marginal cost then counts as 0: the threshold
+    stays c_d, and a drafter forward extends only nodes of estimate >= c_d / scale (at most 1 / that per depth);
+    at c_d + c(3) - c(2) < 0 PCT expanded every node, width ** depth of them."""
+    from hf_specdec.edd import tree_proposer
+
+    target, edd = target_and_edd
+    widths = []
+    expand = tree_proposer.EddTreeExpander.expand
+    monkeypatch.setattr(
+        tree_proposer.EddTreeExpander,
+        "expand",
+        lambda self, nodes, tree: widths.append(len(nodes)) or expand(self, nodes, tree),
+    )
+    prompt = torch.randint(3, 90, (1, 8), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    bf16 = DraftBudget(CostCurve(_FALLING), drafter_cost=0.05)
+    proposer = EddTreeProposer(edd, "pct", depth=4, cost=bf16)
+    out = target.generate(prompt, custom_generate=tree_generate, proposer=proposer, **kw)
+    assert torch.equal(out, target.generate(prompt, **kw))
+    assert max(widths) <= 1 / (0.05 / DraftGate.MAX_SCALE), (
+        widths
+    )  # the old threshold: 125 at the third forward

@@ -15,7 +15,8 @@ a wider forward slows every row: the marginal cost counts ``rows`` times.
 
 **Whether to run the drafter again.** Drafting one level deeper costs ``c_d`` now, before its confidences are
 known; the best it can add is ``reach``, the estimate of the node it would extend. :meth:`DraftBudget.worth_drafting`
-runs it only when ``reach >= c_d + c(q + 1) - c(q)``: never a forward that could not pay for itself. The first
+runs it only when ``reach >= c_d + c(q + 1) - c(q)`` (a falling ``c`` counted as flat, :meth:`DraftBudget.expand_threshold`):
+never a forward that could not pay for itself. The first
 drafter forward of a step always runs (its confidence decides everything), so with a drafter too weak for the
 machine a step costs one target forward plus one drafter forward: about ``1 + c_d`` of ``generate``'s.
 
@@ -52,9 +53,20 @@ class DraftBudget:
         """The time one more verified node adds to a tree of ``n`` nodes (``q = 1 + n``), for every row."""
         return self.rows * (self.cost(n + 2) - self.cost(n + 1))
 
+    # The least expansion threshold: estimates along a depth sum to at most 1, so at most 1 / MIN_THRESHOLD nodes of a
+    # depth reach it, however cheap the machine makes drafting and verifying.
+    MIN_THRESHOLD = 0.01
+
+    def expand_threshold(self, n: int) -> float:
+        """The least estimate of a node worth a drafter forward to extend, in a tree of ``n`` nodes: ``c_d`` plus the
+        marginal verification cost, which counts as 0 where the measured ``c(q)`` falls (fp32 on a CPU: ``c(3)``
+        above ``c(4)``; bf16: ``c(3)`` below ``c(2)`` by more than ``c_d``): a falling cost is no reason to draft a
+        node, and a threshold at or below 0 would expand every node of the tree."""
+        return max(self.drafter_cost + max(self.marginal(n), 0.0), self.MIN_THRESHOLD)
+
     def worth_drafting(self, reach: float, n: int) -> bool:
         """Run one more drafter forward to extend a node of estimate ``reach`` in a tree of ``n`` nodes?"""
-        return reach >= self.drafter_cost + self.marginal(n)
+        return reach >= self.expand_threshold(n)
 
     def step_time(self, n: int, forwards: int) -> float:
         """``T`` of a step verifying ``n`` nodes drafted with ``forwards`` drafter forwards."""

@@ -74,8 +74,8 @@ class EddTreeProposer(TreeProposer):
 
     ``cost`` (PCT only; default on): size the tree by its cost on this machine (``core/draft_budget.py``): a frontier
     node is expanded when its estimate pays for a drafter forward and its verification (eq. 5's s_d/s_t read as the
-    measured costs, ``c_d + c(3) - c(2)``, with no timing during decoding), and the grown tree keeps the nodes that pay
-    for their verification. ``True`` measures the cost curve and c_d once per machine (cached on the models), a
+    measured costs, ``c_d + max(c(3) - c(2), 0)``, with no timing during decoding), and the grown tree keeps the nodes
+    that pay for their verification. ``True`` measures the cost curve and c_d once per machine (cached on the models), a
     ``DraftBudget`` is used as given, ``False`` is the paper's PCT (s_d/s_t timed as it decodes, removal threshold).
     ``ratio=`` pins s_d/s_t and turns the cost rule off."""
 
@@ -189,7 +189,7 @@ class EddTreeProposer(TreeProposer):
         if self.builder == "pct" and self.budget is not None:
             # the estimates corrected by what was accepted (core/draft_budget.DraftGate): e * scale >= threshold
             scale = 1.0 if self.gate is None else self.gate.estimate_scale
-            threshold = (self.budget.drafter_cost + self.budget.marginal(1)) / max(scale, 1e-6)
+            threshold = self.budget.expand_threshold(1) / max(scale, 1e-6)
             grown = grow_pct(expander, threshold, self.width, depth, self.removal_threshold)
             first = grown.tokens[0] if len(grown) else None  # node 0: the top token at the root
             kept, self._pending = self.budget.keep_checked(
