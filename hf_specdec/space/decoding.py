@@ -205,24 +205,19 @@ def space_generate(
         c = max(0, min(len(cands), room - 1))
         ks = k if gate is None or gate.draft_now() else 0  # masks per group this step
         ids = build_input(pending, cands[:c], ks, mask_id)
+        is_mask = torch.tensor(
+            [j >= len(pending) and (j - len(pending)) % (ks + 1) != ks for j in range(len(ids))],
+            device=device,
+        )
+        local = attention_mask(is_mask)
+        full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
         rows = len(ids) - len(pending) + 1  # rows from x_l on
-        if ks:  # eq. 5's mask and positions
-            is_mask = torch.tensor(
-                [j >= len(pending) and (j - len(pending)) % (ks + 1) != ks for j in range(len(ids))],
-                device=device,
-            )
-            local = attention_mask(is_mask)
-            full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
-            fed_positions = positions(local, past)[None]
-            fed_mask = masks.after_prefix(full[None, None], fed_positions, past)
-        else:  # no mask fed (a plain step, or candidates alone): causal, so the model builds its own mask
-            fed_positions = torch.arange(past, past + len(ids), device=device)[None]
-            fed_mask = None
+        fed_positions = positions(local, past)[None]
         t0 = clock(device)
         out = model(
             input_ids=torch.tensor([ids], device=device),
             position_ids=fed_positions,
-            attention_mask=fed_mask,
+            attention_mask=masks.after_prefix(full[None, None], fed_positions, past),
             past_key_values=cache,
             use_cache=True,
             return_dict=True,
