@@ -214,8 +214,9 @@ def test_the_expansion_threshold_counts_a_falling_cost_as_flat():
     bf16 = DraftBudget(CostCurve(_FALLING), drafter_cost=0.05)
     assert bf16.expand_threshold(1) == pytest.approx(0.05)  # not 0.05 + 0.95 - 1.05 < 0
     assert not bf16.worth_drafting(0.04, 1) and bf16.worth_drafting(0.06, 1)
-    free = DraftBudget(CostCurve.linear(0.0), drafter_cost=0.0)
-    assert free.expand_threshold(3) == DraftBudget.MIN_THRESHOLD
+    assert (
+        DraftBudget(CostCurve.linear(0.0), drafter_cost=0.0).expand_threshold(3) == 0.0
+    )  # free: a chain drafts on
 
 
 def test_a_falling_cost_curve_does_not_expand_the_whole_tree(target_and_edd, monkeypatch):
@@ -238,6 +239,10 @@ def test_a_falling_cost_curve_does_not_expand_the_whole_tree(target_and_edd, mon
     proposer = EddTreeProposer(edd, "pct", depth=4, cost=bf16)
     out = target.generate(prompt, custom_generate=tree_generate, proposer=proposer, **kw)
     assert torch.equal(out, target.generate(prompt, **kw))
-    assert max(widths) <= 1 / (0.05 / DraftGate.MAX_SCALE), (
-        widths
-    )  # the old threshold: 125 at the third forward
+    # the old threshold: 125 at the third forward
+    assert max(widths) <= 1 / (0.05 / DraftGate.MAX_SCALE), widths
+    # free drafting and verification (a threshold of 0): PCT still expands only nodes a kept child can come from
+    widths.clear()
+    free = EddTreeProposer(edd, "pct", depth=4, cost=DraftBudget(CostCurve.linear(0.0), drafter_cost=0.0))
+    assert torch.equal(target.generate(prompt, custom_generate=tree_generate, proposer=free, **kw), out)
+    assert max(widths) <= 1 / free.removal_threshold, widths

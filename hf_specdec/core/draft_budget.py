@@ -53,16 +53,12 @@ class DraftBudget:
         """The time one more verified node adds to a tree of ``n`` nodes (``q = 1 + n``), for every row."""
         return self.rows * (self.cost(n + 2) - self.cost(n + 1))
 
-    # The least expansion threshold: estimates along a depth sum to at most 1, so at most 1 / MIN_THRESHOLD nodes of a
-    # depth reach it, however cheap the machine makes drafting and verifying.
-    MIN_THRESHOLD = 0.01
-
     def expand_threshold(self, n: int) -> float:
         """The least estimate of a node worth a drafter forward to extend, in a tree of ``n`` nodes: ``c_d`` plus the
         marginal verification cost, which counts as 0 where the measured ``c(q)`` falls (fp32 on a CPU: ``c(3)``
         above ``c(4)``; bf16: ``c(3)`` below ``c(2)`` by more than ``c_d``): a falling cost is no reason to draft a
-        node, and a threshold at or below 0 would expand every node of the tree."""
-        return max(self.drafter_cost + max(self.marginal(n), 0.0), self.MIN_THRESHOLD)
+        node, and a negative threshold would have a tree expand every node."""
+        return self.drafter_cost + max(self.marginal(n), 0.0)
 
     def worth_drafting(self, reach: float, n: int) -> bool:
         """Run one more drafter forward to extend a node of estimate ``reach`` in a tree of ``n`` nodes?"""

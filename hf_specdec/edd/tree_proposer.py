@@ -189,7 +189,8 @@ class EddTreeProposer(TreeProposer):
         if self.builder == "pct" and self.budget is not None:
             # the estimates corrected by what was accepted (core/draft_budget.DraftGate): e * scale >= threshold
             scale = 1.0 if self.gate is None else self.gate.estimate_scale
-            threshold = self.budget.expand_threshold(1) / max(scale, 1e-6)
+            # at least the removal threshold: a node below it has no child that is kept (at most 1 / it per depth)
+            threshold = max(self.budget.expand_threshold(1) / max(scale, 1e-6), self.removal_threshold)
             grown = grow_pct(expander, threshold, self.width, depth, self.removal_threshold)
             first = grown.tokens[0] if len(grown) else None  # node 0: the top token at the root
             kept, self._pending = self.budget.keep_checked(
