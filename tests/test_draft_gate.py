@@ -273,3 +273,25 @@ def test_a_drafter_that_pays_keeps_the_gate_open_through_its_noise():
     gate = DraftGate()
     gate.outcome(1.0, 0.0, 1.0, 1.6)  # one step that yielded 1 token at 1.6 forwards
     assert gate.rate < 1 and gate.draft_now() and gate.probing  # closed: the next draft is a probe
+
+
+def test_a_closed_gate_reopens_after_a_probe_or_two_that_pay():
+    """A probe stands for the steps since the last one: it weighs 0.15, not an open step's 0.05, so a gate closed by
+    a stretch where drafting did not pay reopens as soon as probes show it pays again (at 0.05 it took ~10)."""
+    gate = DraftGate()
+    for _ in range(100):  # drafting does not pay: 1 token per step at 1.6 forwards
+        if gate.draft_now():
+            gate.outcome(1.0, 0.0, 1.0, 1.6)
+    probes = 0
+    while not (gate.draft_now() and not gate.probing):
+        if gate.probing:  # now it pays: 3 tokens per probe at 1.3 forwards
+            probes += 1
+            gate.outcome(1.0, 2.0, 3.0, 1.3)
+    assert probes <= 2, probes
+    slow = DraftGate()
+    for _ in range(100):
+        if slow.draft_now():
+            slow.outcome(1.0, 0.0, 1.0, 1.6)
+    for _ in range(3):
+        slow.outcome(1.0, 2.0, 3.0, 1.3, probe=False)  # the same three outcomes at an open step's weight
+    assert slow.rate < 1

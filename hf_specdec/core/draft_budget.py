@@ -191,7 +191,8 @@ class DraftGate:
     yield is noisy (0 to ``gamma`` accepted tokens), and over about 7 steps (0.85, before the sixteenth session) a
     drafter worth 1.25x closed the gate on about 28% of its steps by chance (a seeded simulation,
     ``test_draft_gate.py``), running them at 1x; over 20, 4%. A regime where drafting does not pay still closes it at
-    once, since the prior sits at break-even.
+    once, since the prior sits at break-even. A probe, which stands for the steps since the last one, weighs 0.15, so
+    a closed gate reopens after a probe or two that pay, as quickly as it did over 7 steps.
 
     Nothing here reads the device: the proposer passes what the loop already read (:meth:`outcome`, once per
     drafted step). The decisions depend on tokens already emitted only, so sampling stays exact (a proposal may
@@ -199,6 +200,7 @@ class DraftGate:
     (:func:`shared_gate`): what was learnt on one prompt is where the next one starts."""
 
     MAX_SCALE = 1.5
+    PROBE_WEIGHT = 0.15  # of a probe's outcome (an open gate's step weighs 1 - momentum = 0.05)
 
     def __init__(self, momentum: float = 0.95, max_gap: int = 32):
         self.momentum, self.max_gap = momentum, int(max_gap)
@@ -246,12 +248,17 @@ class DraftGate:
         hit = accepted if first is None else float(bool(new_tokens) and new_tokens[0] == first)
         self.outcome(predicted, hit, 1.0 + accepted, time)
 
-    def outcome(self, predicted: float, accepted: float, tokens: float, time: float) -> None:
+    def outcome(
+        self, predicted: float, accepted: float, tokens: float, time: float, probe: bool | None = None
+    ) -> None:
         """One drafted step: ``predicted`` (the sum of its verified nodes' raw estimates) against ``accepted`` feeds
-        ``scale``; ``tokens`` emitted per ``time`` (its modelled cost ``T``) feeds ``rate``."""
+        ``scale``; ``tokens`` emitted per ``time`` (its modelled cost ``T``) feeds ``rate``. ``probe``: was that step
+        a probe of the closed gate (default: is the current one, :meth:`draft_now`'s flag)? A probe stands for the
+        steps since the last one, so it weighs :attr:`PROBE_WEIGHT`, not ``1 - momentum``."""
         if self.tokens is None:  # the prior: one step that broke even
             self.tokens = self.time = 1.0
-        m = self.momentum
+        probe = self.probing if probe is None else probe
+        m = 1.0 - self.PROBE_WEIGHT if probe else self.momentum
         self.predicted = m * self.predicted + (1 - m) * predicted
         self.accepted = m * self.accepted + (1 - m) * accepted
         self.tokens = m * self.tokens + (1 - m) * tokens

@@ -190,7 +190,9 @@ def space_generate(
     # that token's argmax under greedy: a hit is an acceptance), verified or not; a step verifying one candidate with
     # its masks costs budget.cost(2). With the measured costs the gate is kept on the model across generations.
     gate = None if budget is None else shared_gate(model, model) if space_cost is True else DraftGate()
-    first: tuple[int, float] | None = None  # the last mask group's first candidate and its confidence
+    first: tuple[int, float, bool] | None = (
+        None  # the last mask group's first candidate, its confidence, from a probe?
+    )
     cache, past = prepare_cache(model, input_ids, model_kwargs)
     masks = LayerMasks(model)  # sliding-window layers see their window (core/sliding_window.py)
 
@@ -237,7 +239,7 @@ def space_generate(
         row = n_acc * (ks + 1)  # the row of the last accepted real token
         if gate is not None and first is not None:  # the free score of the last drafted first candidate
             hit = float(tokens[0] == first[0])
-            gate.outcome(first[1], hit, 1.0 + hit, budget.cost(2))
+            gate.outcome(first[1], hit, 1.0 + hit, budget.cost(2), probe=first[2])
 
         # New candidates from the mask group after the last accepted token (group n_acc), drawn after the bonus.
         cands, confidence, cand_probs = [], [], []
@@ -255,7 +257,7 @@ def space_generate(
                 ids_and_logp = torch.stack([best.indices.float(), best.values]).tolist()
                 cands, confidence = [int(t) for t in ids_and_logp[0]], ids_and_logp[1]
                 confidence = [math.exp(v) for v in confidence]
-        first = (cands[0], confidence[0]) if cands and gate is not None else None
+        first = (cands[0], confidence[0], gate.probing) if cands and gate is not None else None
         if budget and cands:  # a prefix: the chain's estimates only fall
             scale = gate.estimate_scale
             estimates = [min(e * scale, 1.0) for e in itertools.accumulate(confidence, operator.mul)]
