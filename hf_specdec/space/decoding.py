@@ -190,9 +190,8 @@ def space_generate(
     # that token's argmax under greedy: a hit is an acceptance), verified or not; a step verifying one candidate with
     # its masks costs budget.cost(2). With the measured costs the gate is kept on the model across generations.
     gate = None if budget is None else shared_gate(model, model) if space_cost is True else DraftGate()
-    first: tuple[int, float, bool] | None = (
-        None  # the last mask group's first candidate, its confidence, from a probe?
-    )
+    # the last mask group's first candidate, its confidence, and whether that step was a probe
+    first: tuple[int, float, bool] | None = None
     cache, past = prepare_cache(model, input_ids, model_kwargs)
     masks = LayerMasks(model)  # sliding-window layers see their window (core/sliding_window.py)
 
