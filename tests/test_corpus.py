@@ -39,6 +39,23 @@ def test_corpus_blocks_equal_live_tokenization(real_target, small_corpus):
 
 
 @pytest.mark.real
+def test_corpus_first_turns_equal_live_sft_samples(real_target, small_corpus):
+    """`train space --corpus` trains on the samples `sft_dataset` tokenizes from ShareGPT's first turns: the same
+    ids, labels and truncation, the first answer's closing tag included and nothing after it."""
+    from hf_specdec.trainers.data import sft_dataset
+
+    tok = real_target[1]
+    for split, length in (("train", 96), ("validation", 4096)):
+        stored = sft_dataset(tok, split, length, limit=6, corpus=str(small_corpus))
+        live = sft_dataset(tok, split, length, limit=6)
+        assert len(stored) == len(live) == 6
+        assert stored["input_ids"] == live["input_ids"]
+        assert stored["labels"] == live["labels"]
+    assert max(map(len, stored["input_ids"])) > 96  # the long split was not cut at 96
+    assert all(row[-1] >= 0 for row in stored["labels"])  # a whole first answer ends supervised
+
+
+@pytest.mark.real
 def test_corpus_refuses_another_tokenizer_and_a_corrupt_file(real_target, small_corpus, tmp_path):
     import shutil
 

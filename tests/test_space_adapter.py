@@ -203,18 +203,25 @@ def test_the_packaged_adapter_card_names_its_base_and_command(tmp_path):
 @pytest.mark.slow
 def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_target, tmp_path):
     """`hf-specdec train space` (LoRA, merged) also writes OUTPUT/adapter with its card; loaded onto the default
-    target it is the merged OUTPUT/final, and the card records the base's fingerprint and the command."""
+    target it is the merged OUTPUT/final, and the card records the base's fingerprint, the command and the data
+    (here a token corpus, as `--corpus` of `hf-specdec corpus --regenerate` is read)."""
+    from hf_specdec.trainers.corpus import SHAREGPT_SOURCE, build_corpus
+
     from hf_specdec.cli import main
     from hf_specdec.target import load_target
 
+    build_corpus(real_target[1], tmp_path / "corpus", limit_conversations=8)
     out = tmp_path / "run"
     argv = ["train", "space", "--output-dir", str(out), "--max-steps", "1", "--batch-size", "2"]
+    argv += ["--corpus", str(tmp_path / "corpus")]
     argv += ["--max-length", "48", "--eval-samples", "2", "--tau-prompts", "0", "--k", "3", "--lr", "1e-2"]
     assert main(argv) in (0, None)
     assert is_space_adapter(out / "adapter")
     assert (out / "adapter" / "adapter_model.safetensors").stat().st_size < 30e6  # LoRA + the [M] row only
     info = json.loads((out / "adapter" / "space_training.json").read_text())
     assert info["command"].startswith("hf-specdec train space") and info["target_info"]["vocab_size"] == 49152
+    assert info["data"] == f"{SHAREGPT_SOURCE}: first turns"
+    assert f"| data | {SHAREGPT_SOURCE}: first turns |" in (out / "adapter" / "README.md").read_text()
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     merged, tok = load_target(out / "final", "fp32")

@@ -208,3 +208,40 @@ def conversations_from_corpus(
             "labels": [labels[a:b].tolist() for a, b in zip(starts, ends)],
         }
     )
+
+
+def sft_from_corpus(
+    corpus_dir: str | Path,
+    split: str,
+    max_length: int,
+    limit: int | None = None,
+    tokenizer=None,
+    min_answer_tokens: int = 8,
+):
+    """``data.sft_dataset``'s samples from a token corpus (ShareGPT's, or the target's own answers from ``corpus
+    --regenerate``): each conversation from its start to the end of its first answer, ``max_length`` tokens at
+    most, kept when at least ``min_answer_tokens`` of them are supervised (``limit`` samples at most). The corpus
+    stores whole conversations tokenized by ``tokenize_chat``, so a sample is the tokens ``sft_dataset`` makes of
+    the same first turn."""
+    from datasets import Dataset
+
+    ids, labels, offsets = _load_split(corpus_dir, split, tokenizer)
+    rows: dict[str, list] = {"input_ids": [], "labels": []}
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        supervised = labels[a:b] != IGNORE_INDEX
+        if not supervised.any():
+            continue
+        first = int(supervised.argmax())
+        rest = ~supervised[first:]
+        end = min(first + (int(rest.argmax()) if rest.any() else len(rest)), max_length)
+        if supervised[:end].sum() < min_answer_tokens:
+            continue
+        rows["input_ids"].append(ids[a : a + end].tolist())
+        rows["labels"].append(labels[a : a + end].tolist())
+        if limit is not None and len(rows["labels"]) >= limit:
+            break
+    if not rows["labels"]:
+        raise SpecDecError(
+            f"--corpus {corpus_dir}: no conversation of split {split!r} has an answer to train on"
+        )
+    return Dataset.from_dict(rows)

@@ -1,7 +1,7 @@
 """SAR-SFT of a causal LM for SPACE auto-correct decoding (space.txt §3.1, §4.1, App. A.1).
 
 ``hf-specdec train space --k 5 --p-ar 0.5``: adds the mask token ``[M]`` (special token + one embedding row,
-normal init as in §4.1), fine-tunes on ShareGPT with ``SpaceDataCollator`` through a plain
+normal init as in §4.1), fine-tunes on ShareGPT (or ``--corpus``) with ``SpaceDataCollator`` through a plain
 ``transformers.Trainer`` (LoRA via ``peft`` by default, with the new embedding row trainable through
 ``trainable_token_indices``; ``--full`` for full fine-tuning) and saves a ``save_pretrained`` model
 (merged, or the adapter) with a model card that records k, p_ar and the measured tau.
@@ -80,7 +80,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--lr", type=float, default=None, help="default 3e-4 with LoRA, 5e-5 (paper) full")
     p.add_argument("--max-length", type=int, default=320, help="tokens per SFT sample")
-    p.add_argument("--train-samples", type=int, default=None, help="ShareGPT samples (default steps*batch)")
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="a token corpus (`hf-specdec corpus`, --regenerate too); default: ShareGPT",
+    )
+    p.add_argument(
+        "--eval-corpus", default=None, help="validation samples from this corpus (default: --corpus)"
+    )
+    p.add_argument("--train-samples", type=int, default=None, help="SFT samples (default steps*batch)")
     p.add_argument("--eval-samples", type=int, default=64)
     p.add_argument("--eval-steps", type=int, default=100)
     p.add_argument("--save-steps", type=int, default=100)
@@ -147,6 +155,7 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
         ("method", info["method"]),
         ("steps x batch", f"{info['steps']} x {info['batch']}" + processes),
+        *([("data", info["data"])] if info.get("data") else []),
         # cards written before the training speed was recorded have no such row
         *([("training", info["training"])] if info.get("training") else []),
         ("final train loss", info.get("train_loss", "-")),
@@ -238,7 +247,7 @@ def training_arguments(args: argparse.Namespace, lr: float):
 
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
-    from hf_specdec.trainers.data import sft_dataset
+    from hf_specdec.trainers.data import sft_dataset, sft_source
     from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint, timed_train
     from transformers import Trainer
 
@@ -254,22 +263,24 @@ def run(args: argparse.Namespace) -> None:
     base = getattr(model.config, "name_or_path", None) or str(args.model)
     # the base's fingerprint, taken before [M] is added: checked when the adapter loads
     target_info = target_fingerprint(model)
+    targs = training_arguments(args, args.lr if args.lr is not None else (5e-5 if args.full else 3e-4))
+    # the samples the run consumes: each process takes a batch per micro-step
+    eval_corpus = args.eval_corpus or args.corpus
+    n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
+    t0 = time.perf_counter()  # with the base's tokenizer, which a --corpus was made with: before [M] is added
+    train = sft_dataset(
+        tokenizer, "train", args.max_length, args.train_samples or n_draws, corpus=args.corpus
+    )
+    val = sft_dataset(tokenizer, "validation", args.max_length, args.eval_samples, corpus=eval_corpus)
+    logger.warning(
+        "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
+    )
     mask_id = add_mask_token(model, tokenizer, args.k, seed=args.seed)
     model.config.use_cache = False
     if not args.full:
         model = apply_lora(model, mask_id, args.lora_r, args.lora_alpha, args.lora_dropout)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.warning("trainable parameters: %d (%s)", trainable, "full" if args.full else "LoRA + [M] row")
-    targs = training_arguments(args, args.lr if args.lr is not None else (5e-5 if args.full else 3e-4))
-
-    # the samples the run consumes: each process takes a batch per micro-step
-    n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
-    t0 = time.perf_counter()
-    train = sft_dataset(tokenizer, "train", args.max_length, args.train_samples or n_draws)
-    val = sft_dataset(tokenizer, "validation", args.max_length, args.eval_samples)
-    logger.warning(
-        "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
-    )
     collator = SpaceDataCollator(mask_id, tokenizer.pad_token_id, k=args.k, p_ar=args.p_ar, seed=args.seed)
     train = drawn_training_set(train, collator, n_draws)
     # Validation masks are drawn once, so successive evaluations (and resumed runs) score the same inputs.
@@ -319,6 +330,7 @@ def run(args: argparse.Namespace) -> None:
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
         "target_info": target_info,
         "command": getattr(args, "command_line", None),
+        "data": sft_source(args.corpus, eval_corpus),
     }
     if args.tau_prompts > 0 and not (not args.full and args.save == "adapter"):
         try:
