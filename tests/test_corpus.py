@@ -42,11 +42,12 @@ def test_corpus_blocks_equal_live_tokenization(real_target, small_corpus):
 def test_corpus_first_turns_equal_live_sft_samples(real_target, small_corpus):
     """`train space --corpus` trains on the samples `sft_dataset` tokenizes from ShareGPT's first turns: the same
     ids, labels and truncation, the first answer's closing tag included and nothing after it."""
+    from hf_specdec.trainers.corpus import first_turns
     from hf_specdec.trainers.data import sft_dataset
 
     tok = real_target[1]
     for split, length in (("train", 96), ("validation", 4096)):
-        stored = sft_dataset(tok, split, length, limit=6, corpus=str(small_corpus))
+        stored = first_turns(tok, split, length, limit=6, corpus=str(small_corpus))
         live = sft_dataset(tok, split, length, limit=6)
         assert len(stored) == len(live) == 6
         assert stored["input_ids"] == live["input_ids"]

@@ -245,3 +245,21 @@ def sft_from_corpus(
             f"--corpus {corpus_dir}: no conversation of split {split!r} has an answer to train on"
         )
     return Dataset.from_dict(rows)
+
+
+def first_turns(tokenizer, split: str, max_length: int, limit: int | None = None, corpus: str | None = None):
+    """SFT samples, one per conversation (first user turn + first answer, ``max_length`` tokens at most): a token
+    corpus's (:func:`sft_from_corpus`; the target's own answers of ``corpus --regenerate`` included), else
+    ShareGPT's tokenized now (``data.sft_dataset``)."""
+    if corpus:
+        return sft_from_corpus(corpus, split, max_length, limit, tokenizer)
+    from .data import sft_dataset
+
+    return sft_dataset(tokenizer, split, max_length, limit)
+
+
+def first_turns_source(corpus: str | None, eval_corpus: str | None = None) -> str:
+    """Where :func:`first_turns` took its samples from, for a model card (validation too when it differs)."""
+    train = corpus_source(corpus) if corpus else SHAREGPT_SOURCE
+    val = corpus_source(eval_corpus) if eval_corpus else train
+    return f"{train}: first turns" + (f"; validation: {val}" if val != train else "")

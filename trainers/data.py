@@ -67,15 +67,8 @@ def sft_dataset(
     max_length: int = 512,
     limit: int | None = None,
     min_answer_tokens: int = 8,
-    corpus: str | None = None,
 ) -> Dataset:
-    """One sample per conversation (first user turn + first assistant turn), truncated to ``max_length``: ShareGPT's
-    tokenized now, or a token corpus's (``corpus``: ``hf-specdec corpus``'s folder, the target's own answers from
-    ``--regenerate`` included; ``corpus.sft_from_corpus``)."""
-    if corpus:
-        from .corpus import sft_from_corpus
-
-        return sft_from_corpus(corpus, split, max_length, limit, tokenizer, min_answer_tokens)
+    """One sample per conversation (first user turn + first assistant turn), truncated to ``max_length``."""
     rows = []
     for messages in sharegpt_conversations(split):
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
@@ -87,15 +80,6 @@ def sft_dataset(
     if not rows:
         raise SpecDecError(f"no usable ShareGPT conversations in split {split!r}")
     return Dataset.from_list(rows)
-
-
-def sft_source(corpus: str | None, eval_corpus: str | None = None) -> str:
-    """Where ``sft_dataset``'s samples came from, for a model card (validation too when it differs)."""
-    from .corpus import SHAREGPT_SOURCE, corpus_source
-
-    train = corpus_source(corpus) if corpus else SHAREGPT_SOURCE
-    val = corpus_source(eval_corpus) if eval_corpus else train
-    return f"{train}: first turns" + (f"; validation: {val}" if val != train else "")
 
 
 def packed_dataset(

@@ -247,7 +247,7 @@ def training_arguments(args: argparse.Namespace, lr: float):
 
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
-    from hf_specdec.trainers.data import sft_dataset, sft_source
+    from hf_specdec.trainers.corpus import first_turns, first_turns_source
     from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint, timed_train
     from transformers import Trainer
 
@@ -268,10 +268,8 @@ def run(args: argparse.Namespace) -> None:
     eval_corpus = args.eval_corpus or args.corpus
     n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
     t0 = time.perf_counter()  # with the base's tokenizer, which a --corpus was made with: before [M] is added
-    train = sft_dataset(
-        tokenizer, "train", args.max_length, args.train_samples or n_draws, corpus=args.corpus
-    )
-    val = sft_dataset(tokenizer, "validation", args.max_length, args.eval_samples, corpus=eval_corpus)
+    train = first_turns(tokenizer, "train", args.max_length, args.train_samples or n_draws, args.corpus)
+    val = first_turns(tokenizer, "validation", args.max_length, args.eval_samples, eval_corpus)
     logger.warning(
         "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
     )
@@ -330,7 +328,7 @@ def run(args: argparse.Namespace) -> None:
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
         "target_info": target_info,
         "command": getattr(args, "command_line", None),
-        "data": sft_source(args.corpus, eval_corpus),
+        "data": first_turns_source(args.corpus, eval_corpus),
     }
     if args.tau_prompts > 0 and not (not args.full and args.save == "adapter"):
         try:
