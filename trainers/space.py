@@ -249,6 +249,7 @@ def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
     from hf_specdec.trainers.corpus import first_turns, first_turns_source
     from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint, timed_train
+    from hf_specdec.trainers.training_rows import part_corpus
     from transformers import Trainer
 
     from hf_specdec.target import load_target
@@ -265,7 +266,7 @@ def run(args: argparse.Namespace) -> None:
     target_info = target_fingerprint(model)
     targs = training_arguments(args, args.lr if args.lr is not None else (5e-5 if args.full else 3e-4))
     # the samples the run consumes: each process takes a batch per micro-step
-    eval_corpus = args.eval_corpus or args.corpus
+    eval_corpus = part_corpus(args, "eval")  # --eval-corpus, else --corpus: the drafters' rule
     n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
     t0 = time.perf_counter()  # with the base's tokenizer, which a --corpus was made with: before [M] is added
     train = first_turns(tokenizer, "train", args.max_length, args.train_samples or n_draws, args.corpus)
