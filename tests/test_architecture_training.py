@@ -96,7 +96,8 @@ def _tokenizer():
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_space_sar_sft_trains_and_its_adapter_loads_onto_the_base(arch, tmp_path):
     from datasets import Dataset
-    from hf_specdec.trainers.space import apply_lora, write_model_card
+    from hf_specdec.trainers.space import apply_lora
+    from hf_specdec.trainers.space_card import write_model_card
     from hf_specdec.trainers.space_collator import SpaceDataCollator
     from transformers import Trainer
 

@@ -25,7 +25,8 @@ from .conftest import tiny_llama
 def _base_and_adapter(tmp_path, seed: int = 0):
     """A tiny base model folder (the default target's tokenizer) and a SAR-SFT adapter trained one SGD step on it,
     written as ``train space`` writes one; returns both folders and the merged model the adapter must give."""
-    from hf_specdec.trainers.space import apply_lora, write_model_card
+    from hf_specdec.trainers.space import apply_lora
+    from hf_specdec.trainers.space_card import write_model_card
     from transformers import AutoTokenizer
 
     from hf_specdec.fingerprint import target_fingerprint
@@ -176,7 +177,7 @@ def test_the_shipped_adapter_is_lossless_and_drafts(real_target):
 def test_the_packaged_adapter_card_names_its_base_and_command(tmp_path):
     """The shipped card is a Hub card for a peft adapter of the default target, records how it was made, and is what
     the card writer makes of its figures (regenerating it changes nothing)."""
-    from hf_specdec.trainers.space import write_model_card
+    from hf_specdec.trainers.space_card import write_model_card
     from huggingface_hub import ModelCard
 
     from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
@@ -201,10 +202,11 @@ def test_the_packaged_adapter_card_names_its_base_and_command(tmp_path):
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_target, tmp_path):
+def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_target, tmp_path, capsys):
     """`hf-specdec train space` (LoRA, merged) also writes OUTPUT/adapter with its card; loaded onto the default
     target it is the merged OUTPUT/final, and the card records the base's fingerprint, the command and the data
-    (here a token corpus, as `--corpus` of `hf-specdec corpus --regenerate` is read)."""
+    (here a token corpus, as `--corpus` of `hf-specdec corpus --regenerate` is read); both decode with the
+    `--decode-masks` it was given."""
     from hf_specdec.trainers.corpus import SHAREGPT_SOURCE, build_corpus
 
     from hf_specdec.cli import main
@@ -215,7 +217,9 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     argv = ["train", "space", "--output-dir", str(out), "--max-steps", "1", "--batch-size", "2"]
     argv += ["--corpus", str(tmp_path / "corpus")]
     argv += ["--max-length", "48", "--eval-samples", "2", "--tau-prompts", "0", "--k", "3", "--lr", "1e-2"]
-    assert main(argv) in (0, None)
+    assert main([*argv, "--decode-masks", "4"]) == 2  # more masks per step than it trains: refused before loading
+    assert "--decode-masks from 1 to k" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--decode-masks", "2"]) in (0, None)
     assert is_space_adapter(out / "adapter")
     assert (out / "adapter" / "adapter_model.safetensors").stat().st_size < 30e6  # LoRA + the [M] row only
     info = json.loads((out / "adapter" / "space_training.json").read_text())
@@ -229,6 +233,7 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     ids = torch.tensor([[1, 2, 3, merged.config.space_mask_token_id, 5]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, rtol=0, atol=1e-4)
+    assert info["decode_masks"] == merged.config.space_num_masks == loaded.config.space_num_masks == 2
 
 
 @pytest.mark.real

@@ -97,9 +97,10 @@ def test_trainer_runs_unchanged_with_the_collator(tmp_path):
 
 def test_mask_token_row_is_trained_through_lora_and_merged(tmp_path):
     """The added [M] row is trainable under LoRA (tied to the head), other rows frozen; merge keeps it."""
-    from hf_specdec.trainers.space import MASK_TOKEN, add_mask_token, apply_lora
+    from hf_specdec.trainers.space import apply_lora
     from transformers import AutoTokenizer
 
+    from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token
     from hf_specdec.target import default_target_path
 
     tok = AutoTokenizer.from_pretrained(default_target_path())

@@ -32,10 +32,11 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.fingerprint import target_fingerprint
 from hf_specdec.machine import describe_machine, machine_line
 from hf_specdec.options import add_model_arguments
-from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token
+from hf_specdec.space.mask_token import add_mask_token
 from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 
 from .run_options import add_precision_argument
+from .space_card import measure_tau, write_model_card
 from .space_collator import SpaceDataCollator
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tau-prompts", type=int, default=4, help="validation prompts to measure tau on (0: skip)"
     )
     p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
+    p.add_argument(
+        "--decode-masks",
+        type=int,
+        default=1,
+        help="masks per step the saved model decodes with (1..k; docs/space.md)",
+    )
 
 
 def training_line(args, targs, steps: int, seconds: float) -> str:
@@ -130,99 +137,6 @@ def drawn_training_set(train, collator: SpaceDataCollator, n: int):
         seed = collator.seed if repetition == 0 else collator.seed + 1000 + repetition
         rows += replace(collator, seed=seed).fix(train)
     return Dataset.from_list(rows)
-
-
-def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
-    """The card of a SAR-SFT / SFT checkpoint (``adapter``: of its LoRA adapter alone): ``README.md`` and
-    ``space_training.json`` (the same facts, machine-readable), written by the trainers' one card writer
-    (``run_support.write_card``)."""
-    from hf_specdec.trainers.run_support import write_card
-    from huggingface_hub import ModelCardData
-
-    kind = "SFT baseline (p_ar = 1)" if info["p_ar"] >= 1 else "SAR-SFT model for SPACE"
-    processes = f" ({info['processes']} processes)" if info.get("processes", 1) > 1 else ""
-    tau = info.get("tau")
-    on_default = (info.get("target_info") or {}).get("name") == DEFAULT_TARGET_NAME
-    base = DEFAULT_TARGET_HUB_ID if on_default else info["base"]
-    intro = [
-        f"# {kind}",
-        "",
-        f"Fine-tuned from `{base}` with `hf-specdec train space` (SPACE, space.txt §3.1).",
-    ]
-    rows = [
-        ("k (mask tokens)", info["k"]),
-        ("p_ar", info["p_ar"]),
-        ("mask token", f"`{MASK_TOKEN}` (id {info['mask_token_id']})"),
-        ("method", info["method"]),
-        ("steps x batch", f"{info['steps']} x {info['batch']}" + processes),
-        *([("data", info["data"])] if info.get("data") else []),
-        # cards written before the training speed was recorded have no such row
-        *([("training", info["training"])] if info.get("training") else []),
-        ("final train loss", info.get("train_loss", "-")),
-        ("eval loss", info.get("eval_loss", "-")),
-        ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
-    ]
-    if info.get("decode_masks") is not None:
-        rows.append(("masks per step when decoding (default)", info["decode_masks"]))
-    footer = [
-        "tau = tokens produced per model forward with auto-correct decoding "
-        f"({info.get('tau_detail', 'not measured')}).",
-        "",
-        "Use: `model.generate(**inputs, custom_generate=hf_specdec.space, max_new_tokens=...)`"
-        + (
-            " on `model, tok = hf_specdec.load_space_model(adapter=FOLDER)` (this LoRA adapter merged into its base)."
-            if adapter
-            else "."
-        ),
-    ]
-    if info.get("command"):
-        footer += ["", f"Made by: `{info['command']}`"]
-    if info.get("decode_masks_detail"):
-        footer += ["", info["decode_masks_detail"]]
-    # how the run went, where the command alone does not say (an interrupted, resumed run)
-    if info.get("note"):
-        footer += ["", info["note"]]
-    data = ModelCardData(
-        # a merged model is a plain causal LM (the Hub's transformers snippet loads it as is); an adapter is peft's
-        library_name="peft" if adapter else "transformers",
-        base_model=DEFAULT_TARGET_HUB_ID if on_default else None,
-        pipeline_tag="text-generation",
-        tags=["hf_specdec", "space", "speculative-decoding"],
-    )
-    return write_card(
-        folder,
-        info,
-        intro,
-        rows,
-        footer,
-        header="| setting | value |",
-        json_name="space_training.json",
-        card_data=data,
-    )
-
-
-def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
-    """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward)."""
-    from hf_specdec.core.stats import DecodeStats
-    from hf_specdec.space.decoding import space_generate
-    from hf_specdec.tasks import load_task
-
-    ds = load_task("mt-bench", tokenizer, n_prompts)
-    tokens = forwards = 0
-    for row in ds:
-        ids = tokenizer(row["prompt"], return_tensors="pt").input_ids.to(model.device)
-        stats = DecodeStats()
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            custom_generate=space_generate,
-            stats=stats,
-        )
-        tokens += stats.new_tokens
-        forwards += stats.target_forwards
-    return tokens / max(forwards, 1), f"{len(ds)} mt-bench prompts, {max_new_tokens} new tokens, greedy"
 
 
 def training_arguments(args: argparse.Namespace, lr: float):
@@ -256,8 +170,10 @@ def run(args: argparse.Namespace) -> None:
 
     if not 0.0 <= args.p_ar <= 1.0:
         raise SpecDecError(f"--p-ar must be in [0, 1] (got {args.p_ar})")
-    if args.k < 1:
-        raise SpecDecError(f"--k must be at least 1 (got {args.k})")
+    if args.k < 1 or not 1 <= args.decode_masks <= args.k:
+        raise SpecDecError(
+            f"--k must be at least 1 and --decode-masks from 1 to k (got {args.k}, {args.decode_masks})"
+        )
     out = Path(args.output_dir)
     torch.manual_seed(args.seed)
     model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
@@ -311,6 +227,9 @@ def run(args: argparse.Namespace) -> None:
     if not args.full and args.save == "merged":
         trained = trained.merge_and_unload()
     trained.config.use_cache = True
+    trained.config.space_num_masks = (
+        args.decode_masks
+    )  # a merged model's decoding default; an adapter's is its card
     if adapter_dir != final:
         trained.save_pretrained(final, safe_serialization=True)
     tokenizer.save_pretrained(final)
@@ -330,6 +249,10 @@ def run(args: argparse.Namespace) -> None:
         "target_info": target_info,
         "command": getattr(args, "command_line", None),
         "data": first_turns_source(args.corpus, eval_corpus),
+        "decode_masks": args.decode_masks,
+        "decode_masks_detail": f"Decodes with {args.decode_masks} of its {args.k} masks per step by default "
+        "(`--decode-masks`; `num_masks=` or the bench's `--option space_masks=N` overrides it): on CPUs the later "
+        "masks are rarely accepted and one mask measured fastest (docs/space.md).",
     }
     if args.tau_prompts > 0 and not (not args.full and args.save == "adapter"):
         try:
