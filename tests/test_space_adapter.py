@@ -236,6 +236,13 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, rtol=0, atol=1e-4)
     assert info["decode_masks"] == merged.config.space_num_masks == loaded.config.space_num_masks == 2
+    scores = info["mask_top1"]  # the masks' held-out top-1 (trainers/space_eval.py), one figure per mask
+    assert (
+        len(scores["masks"]) == 3
+        and scores["spans"] > 0
+        and all(0 <= x <= 1 for x in [scores["ar"], *scores["masks"]])
+    )
+    assert "| held-out top-1: next token / masks 1..k |" in (out / "adapter" / "README.md").read_text()
 
 
 @pytest.mark.real

@@ -38,6 +38,7 @@ from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 from .run_options import add_precision_argument
 from .space_card import measure_tau, write_model_card
 from .space_collator import SpaceDataCollator
+from .space_eval import mask_top1
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> None:
     n_draws = args.max_steps * args.batch_size * args.grad_accum * targs.world_size
     t0 = time.perf_counter()  # with the base's tokenizer, which a --corpus was made with: before [M] is added
     train = first_turns(tokenizer, "train", args.max_length, args.train_samples or n_draws, args.corpus)
-    val = first_turns(tokenizer, "validation", args.max_length, args.eval_samples, eval_corpus)
+    val = held_out = first_turns(tokenizer, "validation", args.max_length, args.eval_samples, eval_corpus)
     logger.warning(
         "data: %d train / %d validation samples (%.0fs)", len(train), len(val), time.perf_counter() - t0
     )
@@ -215,6 +216,8 @@ def run(args: argparse.Namespace) -> None:
 
     final = out / "final"
     trained = trainer.model
+    trained.eval()  # the masks alone, teacher-forced on the held-out first turns: what a decoding step's draft needs
+    mask_scores, spans = mask_top1(trained, held_out, args.k, mask_id)
     # LoRA: the adapter alone is kept too (``OUTPUT/adapter``; ``final`` itself with ``--save adapter``), the form the
     # package ships and ``hf_specdec.load_space_model`` loads
     # (without the resized embedding matrices peft would add: the [M] row is in the adapter, the rest is the base's)
@@ -246,6 +249,7 @@ def run(args: argparse.Namespace) -> None:
         "training": training_line(args, targs, steps_run, train_seconds),
         "train_loss": round(history[-1]["loss"], 4) if history else round(result.training_loss, 4),
         "eval_loss": round(metrics.get("eval_loss", math.nan), 4),
+        "mask_top1": {"ar": mask_scores[0], "masks": mask_scores[1:], "spans": spans},
         "target_info": target_info,
         "command": getattr(args, "command_line", None),
         "data": first_turns_source(args.corpus, eval_corpus),

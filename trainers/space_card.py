@@ -39,6 +39,11 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         *([("training", info["training"])] if info.get("training") else []),
         ("final train loss", info.get("train_loss", "-")),
         ("eval loss", info.get("eval_loss", "-")),
+        *(
+            [("held-out top-1: next token / masks 1..k", _mask_line(info["mask_top1"]))]
+            if info.get("mask_top1")
+            else []
+        ),
         ("measured tau (SPACE greedy)", "-" if tau is None else f"{tau:.3f}"),
     ]
     if info.get("decode_masks") is not None:
@@ -78,6 +83,12 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
         json_name="space_training.json",
         card_data=data,
     )
+
+
+def _mask_line(scores: dict) -> str:
+    """``mask_top1``'s figures as a card cell (``space_eval``: teacher-forced, held-out first turns)."""
+    masks = " / ".join(f"{x:.3f}" for x in scores["masks"])
+    return f"{scores['ar']:.3f} / {masks} ({scores['spans']} mask spans)"
 
 
 def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
