@@ -67,10 +67,14 @@ class CostCurve:
 
     def __init__(self, times: dict[int, float]):
         base = times[min(times)]
-        self.relative = {q: max(t / base, 1.0) for q, t in times.items()}
+        self.relative = {q: max(t / base, 1.0) for q, t in sorted(times.items())}
+        self._memo: dict[int, float] = {}  # c(q) by q: a tree's budget asks for the same few sizes per node
 
     def __call__(self, q: int) -> float:
-        return max(interpolate(self.relative, q), 1.0)
+        c = self._memo.get(q)
+        if c is None:
+            c = self._memo[q] = max(interpolate(self.relative, q), 1.0)
+        return c
 
     @classmethod
     def linear(cls, slope: float) -> CostCurve:
