@@ -217,9 +217,8 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     argv = ["train", "space", "--output-dir", str(out), "--max-steps", "1", "--batch-size", "2"]
     argv += ["--corpus", str(tmp_path / "corpus")]
     argv += ["--max-length", "48", "--eval-samples", "2", "--tau-prompts", "0", "--k", "3", "--lr", "1e-2"]
-    assert (
-        main([*argv, "--decode-masks", "4"]) == 2
-    )  # more masks per step than it trains: refused before loading
+    # more masks per step than it trains: refused before loading
+    assert main([*argv, "--decode-masks", "4"]) == 2
     assert "--decode-masks from 1 to k" in capsys.readouterr().err and not out.exists()
     assert main([*argv, "--decode-masks", "2"]) in (0, None)
     assert is_space_adapter(out / "adapter")

@@ -1,5 +1,5 @@
 """``trainers/space_eval.mask_top1``: the SAR masks' held-out top-1 (each mask scored against the right answer
-token; padded batches score as rows alone)."""
+token; one forward per row computes each span's SAR view)."""
 
 import torch
 from hf_specdec.trainers.space_collator import mask_starts, sar_sample
@@ -40,9 +40,8 @@ def test_each_mask_is_scored_against_the_token_it_predicts():
     row = _row(5, 40, seed=1)
     assert len(set(row["input_ids"])) > 30  # distinct enough that a shifted guess mostly misses
     top1, spans = mask_top1(Oracle(row["input_ids"]), [row], k=3, mask_token_id=MASK, stride=4)
-    assert (
-        top1 == [1.0, 1.0, 1.0, 1.0] and spans == 10
-    )  # starts 5, 9, ..., 41: 41 + 3 is the last answer token
+    # starts 5, 9, ..., 41: 41 + 3 is the last answer token
+    assert top1 == [1.0, 1.0, 1.0, 1.0] and spans == 10
     shifted, _ = mask_top1(Oracle(row["input_ids"], shift=1), [row], k=3, mask_token_id=MASK, stride=4)
     assert max(shifted) < 0.5
 
@@ -63,8 +62,7 @@ def test_one_forward_per_row_equals_each_sar_view_fed_alone():
         for s, m in enumerate(starts):
             ids, _ = sar_sample(row["input_ids"], row["labels"], k, MASK, m)
             alone = model(torch.tensor([ids])).logits[0]
-            torch.testing.assert_close(
-                together[m - 1], alone[m - 1], rtol=1e-4, atol=1e-5
-            )  # the AR prediction
+            # the AR prediction, then the group's masks
+            torch.testing.assert_close(together[m - 1], alone[m - 1], rtol=1e-4, atol=1e-5)
             group = together[len(row["input_ids"]) + s * k :][:k]
             torch.testing.assert_close(group, alone[m : m + k], rtol=1e-4, atol=1e-5)

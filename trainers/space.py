@@ -230,9 +230,8 @@ def run(args: argparse.Namespace) -> None:
     if not args.full and args.save == "merged":
         trained = trained.merge_and_unload()
     trained.config.use_cache = True
-    trained.config.space_num_masks = (
-        args.decode_masks
-    )  # a merged model's decoding default; an adapter's is its card
+    # a merged model's decoding default (an adapter's is its card's decode_masks)
+    trained.config.space_num_masks = args.decode_masks
     if adapter_dir != final:
         trained.save_pretrained(final, safe_serialization=True)
     tokenizer.save_pretrained(final)

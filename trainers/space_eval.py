@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
     from hf_specdec.space.adapter import is_space_adapter, load_space_model
-    from hf_specdec.target import default_target_path, load_target
+    from hf_specdec.target import load_target, resolve_model_path
 
     from .corpus import first_turns, first_turns_source
 
@@ -101,10 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         model, _ = load_space_model(args.dtype, adapter=args.model, base=args.base)
     else:
         model, _ = load_target(args.model, args.dtype)
-    # the base's tokenizer, without [M]: the one a corpus was made with
-    tokenizer = (
-        load_target(args.base)[1] if args.base else AutoTokenizer.from_pretrained(default_target_path())
-    )
+    # the base's tokenizer, without [M]: the one a corpus was made with (its folder, not a second copy of the model)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.base))
     model.eval()
     rows = first_turns(tokenizer, "validation", args.max_length, args.samples, args.corpus)
     cfg = model.config
