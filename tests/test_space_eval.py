@@ -1,11 +1,17 @@
 """``trainers/space_eval.mask_top1``: the SAR masks' held-out top-1 (each mask scored against the right answer
 token; one forward per row computes each span's SAR view)."""
 
+import json
+
+import pytest
 import torch
 from hf_specdec.trainers.space_collator import mask_starts, sar_sample
-from hf_specdec.trainers.space_eval import mask_top1, span_inputs
+from hf_specdec.trainers.space_eval import main, mask_top1, span_inputs
+
+from hf_specdec.errors import SpecDecError
 
 from .conftest import tiny_llama
+from .test_space_adapter import _base_and_adapter
 
 MASK = 96
 
@@ -66,3 +72,34 @@ def test_one_forward_per_row_equals_each_sar_view_fed_alone():
             torch.testing.assert_close(together[m - 1], alone[m - 1], rtol=1e-4, atol=1e-5)
             group = together[len(row["input_ids"]) + s * k :][:k]
             torch.testing.assert_close(group, alone[m : m + k], rtol=1e-4, atol=1e-5)
+
+
+def test_add_to_card_writes_the_figures_into_a_saved_adapters_card(tmp_path):
+    """``python -m hf_specdec.trainers.space_eval --add-to-card``: the figures it prints land in the folder's card
+    (JSON and README), with the held-out text and the command; a folder without a SPACE card is refused before any
+    model loads."""
+    base, adapter, _ = _base_and_adapter(tmp_path)
+    with pytest.raises(SpecDecError, match="has no space_training.json"):
+        main(["--model", str(base), "--add-to-card"])
+    before = (adapter / "README.md").read_text()
+    assert "held-out top-1" not in before
+    main(
+        [
+            "--model",
+            str(adapter),
+            "--base",
+            str(base),
+            "--samples",
+            "2",
+            "--max-length",
+            "64",
+            "--add-to-card",
+        ]
+    )
+    info = json.loads((adapter / "space_training.json").read_text())
+    scores = info["mask_top1"]
+    assert len(scores["masks"]) == 3 and scores["samples"] == 2 and scores["spans"] > 0
+    assert scores["command"].endswith("--add-to-card") and "ShareGPT" in scores["data"]
+    card = (adapter / "README.md").read_text()
+    assert f"{scores['ar']:.3f} / " in card and "of 2 first turns" in card and "Held-out top-1 by:" in card
+    assert info["k"] == 3 and card.split("| held-out")[0] in before  # the rest of the card is kept

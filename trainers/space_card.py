@@ -61,6 +61,8 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
     ]
     if info.get("command"):
         footer += ["", f"Made by: `{info['command']}`"]
+    if (info.get("mask_top1") or {}).get("command"):
+        footer += ["", f"Held-out top-1 by: `{info['mask_top1']['command']}`"]
     if info.get("decode_masks_detail"):
         footer += ["", info["decode_masks_detail"]]
     # how the run went, where the command alone does not say (an interrupted, resumed run)
@@ -88,7 +90,9 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
 def _mask_line(scores: dict) -> str:
     """``mask_top1``'s figures as a card cell (``space_eval``: teacher-forced, held-out first turns)."""
     masks = " / ".join(f"{x:.3f}" for x in scores["masks"])
-    return f"{scores['ar']:.3f} / {masks} ({scores['spans']} mask spans)"
+    # figures added later (``space_eval --add-to-card``) name their held-out text; a run's own are of its data
+    of = f" of {scores['samples']} first turns, {scores['data']}" if scores.get("data") else ""
+    return f"{scores['ar']:.3f} / {masks} ({scores['spans']} mask spans{of})"
 
 
 def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:

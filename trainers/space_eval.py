@@ -8,14 +8,19 @@ answer tokens, the SAR view of eq. 2 (``space_collator.sar_sample``) is fed and 
 are compared with the answer. Mask 1's top-1 is what the first draft of a decoding step needs (on the model's own
 greedy text: the regenerated corpus's, where the model is the target it was tuned from).
 
-``python -m hf_specdec.trainers.space_eval --model DIR [--corpus DIR]`` scores a saved model (a ``train space``
-``final`` folder, or a LoRA ``adapter`` folder merged onto its base).
+``python -m hf_specdec.trainers.space_eval --model DIR [--corpus DIR] [--add-to-card]`` scores a saved model (a
+``train space`` ``final`` folder, or a LoRA ``adapter`` folder merged onto its base); ``--add-to-card`` writes the
+figures into the folder's card (``space_training.json`` and ``README.md``), as the drafters' ``--eval-only
+--add-to-card`` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
+from pathlib import Path
 
 import torch
 
@@ -79,7 +84,8 @@ def mask_top1(model, rows, k: int, mask_token_id: int, stride: int = 8) -> tuple
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
-    from hf_specdec.space.adapter import is_space_adapter, load_space_model
+    from hf_specdec.errors import SpecDecError
+    from hf_specdec.space.adapter import CARD_JSON, is_space_adapter, load_space_model
     from hf_specdec.target import load_target, resolve_model_path
 
     from .corpus import first_turns, first_turns_source
@@ -96,7 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--stride", type=int, default=8)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--add-to-card", action="store_true", help="write the figures into --model's card")
     args = p.parse_args(argv)
+    card = Path(args.model) / CARD_JSON
+    if args.add_to_card and not card.is_file():
+        raise SpecDecError(
+            f"--add-to-card: {args.model} has no {CARD_JSON}; give a folder `hf-specdec train space` wrote "
+            "(OUTPUT/final or OUTPUT/adapter), or leave out --add-to-card to print the figures only"
+        )
     if is_space_adapter(args.model):
         model, _ = load_space_model(args.dtype, adapter=args.model, base=args.base)
     else:
@@ -114,7 +127,28 @@ def main(argv: list[str] | None = None) -> None:
         "spans": spans,
     }
     print(json.dumps(dict(result, top1_ar=top1[0], top1_masks=top1[1:])))
+    if args.add_to_card:
+        from .space_card import write_model_card
+
+        info = json.loads(card.read_text())
+        command = "python -m hf_specdec.trainers.space_eval " + shlex.join(
+            sys.argv[1:] if argv is None else argv
+        )
+        info["mask_top1"] = {
+            "ar": top1[0],
+            "masks": top1[1:],
+            "spans": spans,
+            "data": result["data"],
+            "samples": len(rows),
+            "command": command,
+        }
+        write_model_card(Path(args.model), info, adapter=is_space_adapter(args.model))
 
 
 if __name__ == "__main__":
-    main()
+    from hf_specdec.errors import SpecDecError
+
+    try:
+        main()
+    except SpecDecError as e:  # a clear message, not a traceback, as `hf-specdec` prints one
+        sys.exit(f"error: {e}")
