@@ -114,6 +114,18 @@ def test_sampling_records_the_targets_settings_and_resumes_identically(tiny_targ
     assert shards[0].read_text() == text  # each batch is seeded from --seed, the shard and the turn
 
 
+def test_a_shard_keeps_answers_holding_unicode_line_breaks(tmp_path):
+    """The target may write U+2028, U+0085 or a form feed; written unescaped (``ensure_ascii=False``), they must not
+    split a shard's record when it is read back (``str.splitlines`` did, and ``--finalize`` failed)."""
+    from hf_specdec.trainers.regenerate_store import read_shard, write_shard
+
+    records = [
+        {"messages": [{"role": "assistant", "content": f"a{c}b"}]} for c in "\u2028\u2029\x85\x0c\x1c\r"
+    ]
+    write_shard(tmp_path / "train-00000.jsonl", records)
+    assert read_shard(tmp_path / "train-00000.jsonl") == records
+
+
 def test_measure_times_each_method_and_batch_size(tiny_target):
     from hf_specdec.trainers.regenerate_measure import measure
 

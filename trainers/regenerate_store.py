@@ -50,7 +50,10 @@ def shard_files(out: Path, split: str) -> list[Path]:
 
 
 def read_shard(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The records of a shard: one JSON object per ``\n``. Not ``str.splitlines``: it also splits at U+2028, U+0085
+    and the other Unicode line breaks, which ``json.dumps(ensure_ascii=False)`` leaves unescaped inside an answer."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def write_shard(path: Path, records: list[dict]) -> None:
