@@ -52,3 +52,17 @@ def test_early_stop_is_not_lossless(tiny_model):
     ref = _greedy(tiny_model, prompt, 8)
     v = compare_outputs(tiny_model, prompt, ref, ref[:5], tie_tol=100.0)
     assert not v.lossless and "length differs" in v.reason
+
+
+def test_the_tolerance_is_two_units_of_the_dtype_at_the_top_logit():
+    """bf16 resolves a logit in [16, 32) to 0.125 and one in [32, 64) to 0.25: the default 0.25 is two units below
+    32 and grows to 0.5 from there; fp32's units never reach a bf16 default; a larger tie_tol is kept."""
+    from hf_specdec.core.lossless import tie_tolerance
+
+    bf16 = torch.bfloat16
+    assert tie_tolerance(0.25, 31.9, bf16) == 0.25 and tie_tolerance(0.25, -20.0, bf16) == 0.25
+    assert tie_tolerance(0.25, 32.0, bf16) == 0.5 and tie_tolerance(0.25, 70.0, bf16) == 1.0
+    assert tie_tolerance(0.25, 2.0, bf16) == 0.25  # never below tie_tol
+    assert tie_tolerance(0.05, 40.0, torch.float32) == 0.05 and tie_tolerance(2.0, 32.0, bf16) == 2.0
+    # a bf16 model judged at its own logits: 32.0 vs 31.625 is within two units of 32 (0.5), 31.0 is not
+    assert 32.0 - 31.625 <= tie_tolerance(0.25, 32.0, bf16) < 32.0 - 31.0
