@@ -57,7 +57,8 @@ def add_parser(sub) -> None:
         "--tie-tol",
         type=float,
         default=None,
-        help="logit gap that counts as a near-tie in bf16/fp16 (default by dtype)",
+        help="logit gap that counts as a near-tie in bf16/fp16 (default by dtype: bf16 0.25, fp16 0.05; at least "
+        "two units of the dtype at the top logit)",
     )
     p.add_argument(
         "--option",
