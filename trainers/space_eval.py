@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.errors import SpecDecError
+
 from .space_collator import IGNORE_INDEX, mask_starts
 
 
@@ -84,7 +86,6 @@ def mask_top1(model, rows, k: int, mask_token_id: int, stride: int = 8) -> tuple
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
-    from hf_specdec.errors import SpecDecError
     from hf_specdec.space.adapter import CARD_JSON, is_space_adapter, load_space_model
     from hf_specdec.target import load_target, resolve_model_path
 
@@ -146,8 +147,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from hf_specdec.errors import SpecDecError
-
     try:
         main()
     except SpecDecError as e:  # a clear message, not a traceback, as `hf-specdec` prints one
