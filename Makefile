@@ -15,6 +15,9 @@ TRANSFORMERS_OLDEST := 5.13.1
 OLD_VENV  := .venv-oldest
 OLD_PY    := $(OLD_VENV)/bin/python
 OLD_STAMP := $(OLD_VENV)/.installed
+# pytest-xdist workers (one per core: `auto`); tests/conftest.py gives each worker its share of the threads. On the
+# 2-core AMD EPYC Zen 1 the whole suite took 18 min in one process and 12 min in two.
+TEST_WORKERS ?= auto
 
 .PHONY: install install-oldest demo test test-fast bench lint clean
 
@@ -45,12 +48,12 @@ demo: install
 
 test: install install-oldest
 	$(PY) -c 'import transformers; print("transformers", transformers.__version__, "(newest supported): the whole suite")'
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS)
 	$(OLD_PY) -c 'import transformers; print("transformers", transformers.__version__, "(oldest supported): logic + compat")'
-	$(OLD_PY) -m pytest -q -rs -m "compat or (not real and not slow)"
+	$(OLD_PY) -m pytest -q -rs -n $(TEST_WORKERS) -m "compat or (not real and not slow)"
 
 test-fast: install
-	$(PY) -m pytest -q -m "not real and not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not real and not slow"
 
 bench: install
 	$(VENV)/bin/hf-specdec bench --methods ar,hf-pld,pld-plus-h,pld-plus-a --tasks code-edit,text-edit,summarize,mt-bench,humaneval \

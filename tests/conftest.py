@@ -11,6 +11,18 @@ from transformers.generation.streamers import BaseStreamer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config):
+    """Under ``pytest -n N`` (pytest-xdist, what ``make test`` runs) each worker gets its share of the CPU's cores,
+    and so do the processes it starts (``OMP_NUM_THREADS``): N processes of all cores each slow each other far
+    more than N-fold on a 2-core machine."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 class CollectStreamer(BaseStreamer):
     """A streamer that keeps every chunk it is given (as a list of ids) and whether it was ended."""
 
