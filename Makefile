@@ -16,7 +16,7 @@ OLD_VENV  := .venv-oldest
 OLD_PY    := $(OLD_VENV)/bin/python
 OLD_STAMP := $(OLD_VENV)/.installed
 # pytest-xdist workers (one per core: `auto`); tests/conftest.py gives each worker its share of the threads. On the
-# 2-core AMD EPYC Zen 1 the whole suite took 18 min in one process and 12 min in two.
+# 2-core AMD EPYC Zen 1 the newest release's suite took 18 min in one process and 12 min in two.
 TEST_WORKERS ?= auto
 
 .PHONY: install install-oldest demo test test-fast bench lint clean
