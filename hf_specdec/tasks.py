@@ -119,9 +119,14 @@ def _mt_bench_questions() -> tuple[dict, ...]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSON Lines file, one per ``\n``. Not ``str.splitlines``: it also splits at U+2028, U+0085
+    """The records of a JSON Lines file (:func:`jsonl_records`)."""
+    return jsonl_records(path.read_text(encoding="utf-8"))
+
+
+def jsonl_records(text: str) -> list[dict]:
+    """The records of JSON Lines text, one per ``\n``. Not ``str.splitlines``: it also splits at U+2028, U+0085
     and the other Unicode line breaks, which ``json.dumps(ensure_ascii=False)`` leaves unescaped inside a string."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from hf_specdec.trainers.regenerate_store import read_shard
 
 from hf_specdec.cli import main
 from hf_specdec.errors import SpecDecError
@@ -85,13 +86,13 @@ def test_a_loadable_dataset_with_the_recorded_settings(regenerated, tiny_target)
 
 
 def test_resuming_regenerates_only_the_missing_shard(regenerated, tiny_target):
-    shards = sorted((regenerated / "shards").glob("train-*.jsonl"))
+    shards = sorted((regenerated / "shards").glob("train-*.jsonl.xz"))
     assert len(shards) == 3
-    before = {p: (p.read_text(), p.stat().st_mtime_ns) for p in shards}
+    before = {p: (read_shard(p), p.stat().st_mtime_ns) for p in shards}
     shards[1].unlink()
     regenerate(regenerated, tiny_target, "--limit", "3")
     for p, (text, mtime) in before.items():
-        assert p.read_text() == text  # greedy: the same content
+        assert read_shard(p) == text  # greedy: the same content
         assert (p.stat().st_mtime_ns == mtime) == (p != shards[1])  # only the deleted shard was written
     from hf_specdec.trainers.regenerate import regenerate as run
 
@@ -107,23 +108,44 @@ def test_sampling_records_the_targets_settings_and_resumes_identically(tiny_targ
     meta = json.loads((tmp_path / "regenerate.json").read_text())
     # the tiny target's generation config sets none: transformers' defaults
     assert meta["generation"] == {"mode": "sample", "temperature": 1.0, "top_k": 50, "top_p": 1.0, "seed": 3}
-    shards = sorted((tmp_path / "shards").glob("train-*.jsonl"))
-    text = shards[0].read_text()
+    shards = sorted((tmp_path / "shards").glob("train-*.jsonl.xz"))
+    text = read_shard(shards[0])
     shards[0].unlink()
     regenerate(tmp_path, tiny_target, "--limit", "2", "--splits", "train", "--sample", "--seed", "3")
-    assert shards[0].read_text() == text  # each batch is seeded from --seed, the shard and the turn
+    assert read_shard(shards[0]) == text  # each batch is seeded from --seed, the shard and the turn
 
 
 def test_a_shard_keeps_answers_holding_unicode_line_breaks(tmp_path):
     """The target may write U+2028, U+0085 or a form feed; written unescaped (``ensure_ascii=False``), they must not
     split a shard's record when it is read back (``str.splitlines`` did, and ``--finalize`` failed)."""
-    from hf_specdec.trainers.regenerate_store import read_shard, write_shard
+    from hf_specdec.trainers.regenerate_store import write_shard
 
     records = [
         {"messages": [{"role": "assistant", "content": f"a{c}b"}]} for c in "\u2028\u2029\x85\x0c\x1c\r"
     ]
-    write_shard(tmp_path / "train-00000.jsonl", records)
-    assert read_shard(tmp_path / "train-00000.jsonl") == records
+    for name in ("train-00000.jsonl", "train-00001.jsonl.xz"):
+        write_shard(tmp_path / name, records)
+        assert read_shard(tmp_path / name) == records
+
+
+def test_shards_are_compressed_and_an_older_runs_plain_shards_still_count(tmp_path):
+    """New shards are xz (small enough for git); a plain ``.jsonl`` shard of an earlier run is finished work that a
+    resume skips and ``--finalize`` reads, counted once when both copies are there."""
+    import lzma
+
+    from hf_specdec.trainers.regenerate_store import shard_done, shard_files, shard_path, write_shard
+
+    records = [{"messages": [{"role": "assistant", "content": "the same answer " * 50}]}] * 20
+    path = shard_path(tmp_path, "train", 0)
+    assert path.name == "train-00000.jsonl.xz"
+    write_shard(path, records)
+    plain = "".join(json.dumps(r) + "\n" for r in records).encode()
+    assert lzma.decompress(path.read_bytes()) == plain and path.stat().st_size < len(plain) / 10
+    write_shard(tmp_path / "shards" / "train-00001.jsonl", records)  # an older run's shard
+    write_shard(tmp_path / "shards" / "train-00000.jsonl", records)  # both copies of shard 0
+    assert [shard_done(tmp_path, "train", i) for i in range(3)] == [True, True, False]
+    assert [p.name for p in shard_files(tmp_path, "train")] == ["train-00000.jsonl.xz", "train-00001.jsonl"]
+    assert shard_files(tmp_path, "validation") == []
 
 
 def test_measure_times_each_method_and_batch_size(tiny_target):

@@ -34,7 +34,7 @@ from hf_specdec.tasks import render_plain
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
 from .regenerate_dataset import finalize
-from .regenerate_store import open_run, regeneration_metadata, shard_path, write_shard
+from .regenerate_store import open_run, regeneration_metadata, shard_done, shard_path, write_shard
 
 METHODS = ("ar", "pld-plus-h")
 DEFAULT_METHOD = "ar"
@@ -180,7 +180,7 @@ def regenerate_split(
     items = list(items)
     size = settings["shard_size"]
     shards = (len(items) + size - 1) // size
-    done = sum(shard_path(out, split, s).is_file() for s in range(shards))
+    done = sum(shard_done(out, split, s) for s in range(shards))
     bar = tqdm(
         total=len(items),
         initial=min(done * size, len(items)),
@@ -189,9 +189,9 @@ def regenerate_split(
         mininterval=10,
     )
     for s in range(shards):
-        path = shard_path(out, split, s)
-        if path.is_file():
+        if shard_done(out, split, s):
             continue  # written by an earlier run (shards are renamed into place only when complete)
+        path = shard_path(out, split, s)
         chunk = items[s * size : (s + 1) * size]
         t0 = time.perf_counter()
         records = regenerate_conversations(model, tokenizer, chunk, settings, split, seed_key=(split, s))

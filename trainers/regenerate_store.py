@@ -1,14 +1,17 @@
 """What a regeneration (``hf-specdec corpus --regenerate``) keeps on disk while it runs: its shards and its settings.
 
-Every ``shard_size`` conversations of a split go to ``OUT/shards/{split}-NNNNN.jsonl`` (one JSON record per line,
-written under a temporary name and renamed into place when complete), so a rerun of the same command skips the
-finished shards. ``OUT/regenerate.json`` records the settings (:func:`regeneration_metadata`) and each run's command
+Every ``shard_size`` conversations of a split go to ``OUT/shards/{split}-NNNNN.jsonl.xz`` (one JSON record per line,
+xz-compressed, written under a temporary name and renamed into place when complete), so a rerun of the same command
+skips the finished shards. Compressed, a run's ``regenerate.json`` and ``shards/`` are small enough to keep in git
+(``data/regen/``, docs/corpus.md): a copy of them resumes anywhere. Shards of older runs (``.jsonl``) are read as
+they are. ``OUT/regenerate.json`` records the settings (:func:`regeneration_metadata`) and each run's command
 line, start time and machine; a resume whose settings change what a shard holds (:data:`CONTENT_KEYS`) is refused.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf_specdec.errors import SpecDecError
-from hf_specdec.tasks import read_jsonl
+from hf_specdec.tasks import jsonl_records
 
 if TYPE_CHECKING:
     from .bench_overlap import BenchFilter
@@ -41,24 +44,40 @@ CONTENT_KEYS = (
 )
 
 
+SHARD_SUFFIXES = (".jsonl.xz", ".jsonl")  # what is written now, then the older runs' plain shards
+
+
 def shard_path(out: Path, split: str, index: int) -> Path:
-    return out / "shards" / f"{split}-{index:05d}.jsonl"
+    """Where shard ``index`` of ``split`` is written."""
+    return out / "shards" / f"{split}-{index:05d}{SHARD_SUFFIXES[0]}"
+
+
+def shard_done(out: Path, split: str, index: int) -> bool:
+    """Whether shard ``index`` of ``split`` is complete, compressed or (an older run's) plain."""
+    return any((out / "shards" / f"{split}-{index:05d}{suffix}").is_file() for suffix in SHARD_SUFFIXES)
 
 
 def shard_files(out: Path, split: str) -> list[Path]:
-    """The shards of ``split`` written so far, in order."""
-    return sorted((out / "shards").glob(f"{split}-*.jsonl"))
+    """The shards of ``split`` written so far, in order (a shard both plain and compressed counts once)."""
+    found: dict[str, Path] = {}
+    for suffix in reversed(SHARD_SUFFIXES):  # the compressed copy wins
+        for path in (out / "shards").glob(f"{split}-*{suffix}"):
+            found[path.name[: -len(suffix)]] = path
+    return [found[name] for name in sorted(found)]
 
 
 def read_shard(path: Path) -> list[dict]:
-    """The records of a shard (answers may hold Unicode line breaks: :func:`hf_specdec.tasks.read_jsonl`)."""
-    return read_jsonl(path)
+    """The records of a shard (answers may hold Unicode line breaks: :func:`hf_specdec.tasks.jsonl_records`)."""
+    data = path.read_bytes()
+    return jsonl_records((lzma.decompress(data) if path.name.endswith(".xz") else data).decode("utf-8"))
 
 
 def write_shard(path: Path, records: list[dict]) -> None:
+    """Write ``records`` to ``path`` (xz-compressed when it ends in ``.xz``), renamed into place when complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    tmp.write_bytes(lzma.compress(data, preset=9) if path.name.endswith(".xz") else data)
     tmp.replace(path)
 
 
