@@ -19,7 +19,7 @@ OLD_STAMP := $(OLD_VENV)/.installed
 # 2-core AMD EPYC Zen 1 the newest release's suite took 18 min in one process and 12 min in two.
 TEST_WORKERS ?= auto
 
-.PHONY: install install-oldest demo test test-fast bench lint clean
+.PHONY: install install-oldest demo test test-fast bench regen lint clean
 
 install: $(STAMP)
 
@@ -58,6 +58,13 @@ test-fast: install
 bench: install
 	$(VENV)/bin/hf-specdec bench --methods ar,hf-pld,pld-plus-h,pld-plus-a --tasks code-edit,text-edit,summarize,mt-bench,humaneval \
 		--limit 10 --max-new-tokens 128 --dtype fp32 --out bench-out
+
+# resume the regenerated corpus kept in git (data/README.md): hours of CPU, so run it in the background, niced, and
+# `git add data/regen` now and then; REGEN_THREADS=1 leaves a core free
+REGEN_THREADS ?= 2
+regen: install
+	nice -n 19 $(VENV)/bin/hf-specdec corpus --regenerate --out data/regen/smollm2-fp32-first-turns --dtype fp32 \
+		--threads $(REGEN_THREADS) --method ar --batch-size 32 --max-turns 1 --splits train
 
 lint: install
 	$(VENV)/bin/ruff check hf_specdec modeling trainers tests
