@@ -8,6 +8,9 @@ import argparse
 
 from .errors import SpecDecError
 
+# ``--tie-tol``'s default by dtype name (``core/lossless.py`` explains it); here, without torch, for ``--help``
+TIE_TOL_BY_DTYPE: dict[str, float | None] = {"fp32": None, "bf16": 0.25, "fp16": 0.05}
+
 
 def parse_floats(text: str) -> list[float]:
     """A sub-command's comma-separated list of numbers (``"0.01,0.004"``); a clear error otherwise."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SpecDecError
-from ..options import add_model_arguments
+from ..options import TIE_TOL_BY_DTYPE, add_model_arguments
 
 
 def _csv(value: str) -> list[str]:
@@ -57,8 +57,8 @@ def add_parser(sub) -> None:
         "--tie-tol",
         type=float,
         default=None,
-        help="logit gap that counts as a near-tie in bf16/fp16 (default by dtype: bf16 0.25, fp16 0.05; at least "
-        "two units of the dtype at the top logit)",
+        help=f"logit gap that counts as a near-tie in bf16/fp16 (default by dtype: bf16 {TIE_TOL_BY_DTYPE['bf16']}, "
+        f"fp16 {TIE_TOL_BY_DTYPE['fp16']}; at least two units of the dtype at the top logit)",
     )
     p.add_argument(
         "--option",

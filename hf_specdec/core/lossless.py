@@ -14,9 +14,15 @@ from dataclasses import dataclass
 
 import torch
 
+from ..options import TIE_TOL_BY_DTYPE
+
 # bf16 keeps 8 significant bits: a logit around 16-32 is only resolved to 0.125, and the verify
 # forward (many tokens at once) rounds differently from one-token decoding.
-DEFAULT_TIE_TOL = {torch.float32: None, torch.bfloat16: 0.25, torch.float16: 0.05}
+DEFAULT_TIE_TOL = {
+    torch.float32: TIE_TOL_BY_DTYPE["fp32"],
+    torch.bfloat16: TIE_TOL_BY_DTYPE["bf16"],
+    torch.float16: TIE_TOL_BY_DTYPE["fp16"],
+}
 
 
 def tie_tolerance(tie_tol: float, top: float, dtype: torch.dtype) -> float:
