@@ -77,7 +77,7 @@ def write_shard(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-    tmp.write_bytes(lzma.compress(data, preset=9) if path.name.endswith(".xz") else data)
+    tmp.write_bytes(lzma.compress(data) if path.name.endswith(".xz") else data)
     tmp.replace(path)
 
 
