@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 from hf_specdec.trainers.bench_overlap import BenchFilter, bench_texts, clean_items
-from hf_specdec.trainers.regenerate_store import REGEN_FORMAT, SHARD_SUFFIXES, read_shard, shard_files
+from hf_specdec.trainers.regenerate_store import (
+    REGEN_FORMAT,
+    SHARD_SUFFIXES,
+    read_shard,
+    shard_files,
+    shard_path,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "regen"
 RUNS = sorted(p.parent for p in DATA.glob("*/regenerate.json"))
@@ -43,14 +49,15 @@ def test_a_kept_corpus_is_what_its_command_makes(run, bench):
         files = shard_files(run, split)
         planned = clean_ids(split, bench, len(files) * size)
         for index, path in enumerate(files):
-            assert path.name == f"{split}-{index:05d}{SHARD_SUFFIXES[0]}"  # no shard missing before it
+            assert path == shard_path(run, split, index)  # no shard missing before it
             records = read_shard(path)
             ids = [r["conversation_id"] for r in records]
+            kept = set(ids)
             chunk = planned[index * size : (index + 1) * size]
             # the chunk's conversations in order, less those whose first prompt is over the length limit
-            assert ids == [cid for cid in chunk if cid in set(ids)] and len(ids) > size // 2
-            assert not seen & set(ids)
-            seen |= set(ids)
+            assert ids == [cid for cid in chunk if cid in kept] and len(ids) > size // 2
+            assert not seen & kept
+            seen |= kept
             for r in records:
                 answers = [m for m in r["messages"] if m["role"] == "assistant"]
                 assert r["source"] == f"sharegpt-v3/{split}" and 0 < len(answers) <= meta["max_turns"]

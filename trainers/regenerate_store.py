@@ -47,14 +47,14 @@ CONTENT_KEYS = (
 SHARD_SUFFIXES = (".jsonl.xz", ".jsonl")  # what is written now, then the older runs' plain shards
 
 
-def shard_path(out: Path, split: str, index: int) -> Path:
-    """Where shard ``index`` of ``split`` is written."""
-    return out / "shards" / f"{split}-{index:05d}{SHARD_SUFFIXES[0]}"
+def shard_path(out: Path, split: str, index: int, suffix: str = SHARD_SUFFIXES[0]) -> Path:
+    """Where shard ``index`` of ``split`` is written (``suffix``: or where an older run wrote it)."""
+    return out / "shards" / f"{split}-{index:05d}{suffix}"
 
 
 def shard_done(out: Path, split: str, index: int) -> bool:
     """Whether shard ``index`` of ``split`` is complete, compressed or (an older run's) plain."""
-    return any((out / "shards" / f"{split}-{index:05d}{suffix}").is_file() for suffix in SHARD_SUFFIXES)
+    return any(shard_path(out, split, index, suffix).is_file() for suffix in SHARD_SUFFIXES)
 
 
 def shard_files(out: Path, split: str) -> list[Path]:
