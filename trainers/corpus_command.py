@@ -68,7 +68,8 @@ def add_regenerate_arguments(p) -> None:
         "--method",
         choices=METHODS,
         default=DEFAULT_METHOD,
-        help="ar: batched generate; pld-plus-h: PLD+(h) (lossless)",
+        help="ar: batched generate; pld-plus-h: PLD+(h) (lossless); ar-refill: greedy with a refilled batch "
+        "(continuous batching: a finished row's place goes to the next prompt)",
     )
     g.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto", help="the target's dtype")
     g.add_argument(

@@ -10,7 +10,10 @@ prompt would pass ``max_prompt_tokens`` (a conversation whose first prompt alrea
 
 Work is batched: a shard's conversations answer turn by turn, each turn's prompts sorted by length and decoded in
 left-padded batches of ``batch_size`` by ``method`` (``ar``: plain ``generate``; ``pld-plus-h``:
-``custom_generate=hf_specdec.pld_plus``, lossless). The train / validation split is ShareGPT's
+``custom_generate=hf_specdec.pld_plus``, lossless), or by ``ar-refill`` (greedy only): up to ``batch_size`` rows at
+once, a row leaving when it ends and the next prompts taking its place (continuous batching,
+``regenerate_refill.py``). In fp32 greedy the three write the same text; only the time differs (docs/corpus.md).
+The train / validation split is ShareGPT's
 (``hf_specdec.tasks.sharegpt_items``), so validation stays held out.
 
 The rest lives next to this module: ``bench_overlap.py`` keeps every bench prompt out (conversations are dropped
@@ -34,9 +37,16 @@ from hf_specdec.tasks import render_plain
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
 from .regenerate_dataset import finalize
-from .regenerate_store import open_run, regeneration_metadata, shard_done, shard_path, write_shard
+from .regenerate_store import (
+    open_run,
+    record_shard,
+    regeneration_metadata,
+    shard_done,
+    shard_path,
+    write_shard,
+)
 
-METHODS = ("ar", "pld-plus-h")
+METHODS = ("ar", "pld-plus-h", "ar-refill")
 DEFAULT_METHOD = "ar"
 DEFAULT_BATCH_SIZE = 32  # measured fastest here (docs/corpus.md): plain batched generate at B = 32
 
@@ -57,6 +67,8 @@ def generate_kwargs(method: str, generation: dict) -> dict:
     if method not in METHODS:
         raise SpecDecError(f"--method {method!r}: use one of {', '.join(METHODS)}")
     kwargs: dict = {}
+    if method == "ar-refill" and generation["mode"] != "greedy":
+        raise SpecDecError("--method ar-refill decodes greedy only; with --sample use --method ar")
     if method == "pld-plus-h":
         from hf_specdec.pld_plus import pld_plus
 
@@ -97,6 +109,31 @@ def answer_batch(
         **kwargs,
     )
     return split_rows(out.cpu(), ids.shape[1], eos_token_ids(model.generation_config))
+
+
+def answer_prompts(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    method: str,
+    kwargs: dict,
+    batch_size: int,
+) -> list[list[int]]:
+    """The new tokens of each prompt (sorted by length for little padding), as :func:`answer_batch` gives them:
+    ``ar-refill`` decodes them all in one refilled batch, the other methods batch by batch of ``batch_size``."""
+    if method == "ar-refill":
+        from hf_specdec.core.batch_io import pad_token_id
+        from hf_specdec.core.generate_io import eos_token_ids
+
+        from .regenerate_refill import refill_greedy
+
+        eos = eos_token_ids(model.generation_config)
+        return refill_greedy(model, prompts, max_new_tokens, eos, pad_token_id(tokenizer), batch_size)
+    rows = []
+    for b in range(0, len(prompts), batch_size):
+        rows += answer_batch(model, tokenizer, prompts[b : b + batch_size], max_new_tokens, kwargs)
+    return rows
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -150,11 +187,17 @@ def regenerate_conversations(
             break
         active.sort(key=lambda a: a[0])
         batch_size = settings["batch_size"]
-        for b in range(0, len(active), batch_size):
-            batch = active[b : b + batch_size]
+        step = (
+            len(active) if settings["method"] == "ar-refill" else batch_size
+        )  # refill: the turn is one call
+        for b in range(0, len(active), step):
+            batch = active[b : b + step]
             if settings["generation"]["mode"] == "sample":
                 torch.manual_seed(_seed(settings["generation"]["seed"], *seed_key, turn, b))
-            rows = answer_batch(model, tokenizer, [a[3] for a in batch], settings["max_new_tokens"], kwargs)
+            prompts = [a[3] for a in batch]
+            rows = answer_prompts(
+                model, tokenizer, prompts, settings["max_new_tokens"], settings["method"], kwargs, batch_size
+            )
             for (_, c, context, _, k), row in zip(batch, rows):
                 finished = bool(row) and row[-1] in eos
                 tokens = row[:-1] if finished else row
@@ -168,9 +211,17 @@ def regenerate_conversations(
 
 
 def regenerate_split(
-    model, tokenizer, out: Path, split: str, settings: dict, bench: BenchFilter, limit: int | None = None
+    model,
+    tokenizer,
+    out: Path,
+    split: str,
+    settings: dict,
+    bench: BenchFilter,
+    limit: int | None = None,
+    meta: dict | None = None,
 ) -> dict:
-    """Write (or resume) ``split``'s shards; returns counts (conversations planned, shards, dropped by the filter)."""
+    """Write (or resume) ``split``'s shards, each noted in ``meta`` (``regenerate.json``) as this run's; returns
+    counts (conversations planned, shards, dropped by the filter)."""
     from tqdm.auto import tqdm
 
     stats: dict = {"dropped_bench_overlap": 0}
@@ -196,6 +247,8 @@ def regenerate_split(
         t0 = time.perf_counter()
         records = regenerate_conversations(model, tokenizer, chunk, settings, split, seed_key=(split, s))
         write_shard(path, records)
+        if meta is not None:
+            record_shard(out, meta, path)
         seconds = time.perf_counter() - t0
         tokens = sum(sum(r["answer_tokens"]) for r in records)
         answers = sum(len(r["answer_tokens"]) for r in records)
@@ -248,6 +301,6 @@ def regenerate(
     meta = open_run(out, regeneration_metadata(model, tokenizer, settings, bench, dtype), command)
     meta.setdefault("splits", {})
     for split in splits:
-        meta["splits"][split] = regenerate_split(model, tokenizer, out, split, settings, bench, limit)
+        meta["splits"][split] = regenerate_split(model, tokenizer, out, split, settings, bench, limit, meta)
         (out / "regenerate.json").write_text(json.dumps(meta, indent=1))
     return finalize(out, tokenizer) if assemble else meta

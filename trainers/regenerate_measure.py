@@ -11,7 +11,7 @@ import json
 import time
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
-from .regenerate import answer_batch, generate_kwargs, prompt_ids
+from .regenerate import answer_batch, answer_prompts, generate_kwargs, prompt_ids
 
 
 def measure(
@@ -48,10 +48,9 @@ def measure(
         )  # warm-up (PLD+ measures its cost curve)
         t0 = time.perf_counter()
         tokens = finished = 0
-        for b in range(0, len(chosen), batch_size):
-            for row in answer_batch(model, tokenizer, chosen[b : b + batch_size], max_new_tokens, kwargs):
-                finished += bool(row) and row[-1] in eos
-                tokens += len(row) - (bool(row) and row[-1] in eos)
+        for row in answer_prompts(model, tokenizer, chosen, max_new_tokens, method, kwargs, batch_size):
+            finished += bool(row) and row[-1] in eos
+            tokens += len(row) - (bool(row) and row[-1] in eos)
         seconds = time.perf_counter() - t0
         r = {
             "method": method,

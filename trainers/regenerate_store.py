@@ -42,6 +42,16 @@ CONTENT_KEYS = (
     "shard_size",
     "bench_filter",
 )
+# how a shard is computed rather than what it holds, when decoding is greedy in fp32: every method is lossless and a
+# row's tokens do not depend on its batch (compared shard by shard in docs/corpus.md), so a resume may change them;
+# each run records its own, with the shards it wrote
+HOW_KEYS = ("method", "batch_size")
+
+
+def content_keys(meta: dict) -> tuple[str, ...]:
+    """The settings a resume must keep: :data:`CONTENT_KEYS`, less :data:`HOW_KEYS` for greedy fp32."""
+    exact = meta.get("dtype") == "fp32" and meta.get("generation", {}).get("mode") == "greedy"
+    return tuple(k for k in CONTENT_KEYS if not (exact and k in HOW_KEYS))
 
 
 SHARD_SUFFIXES = (".jsonl.xz", ".jsonl")  # what is written now, then the older runs' plain shards
@@ -125,17 +135,29 @@ def open_run(out: Path, meta: dict, command: str | None) -> dict:
     from hf_specdec.machine import describe_machine
 
     path = out / "regenerate.json"
+    how = {k: meta[k] for k in HOW_KEYS}  # this run's, also where a resume may change them (content_keys)
     if path.is_file():
         old = json.loads(path.read_text())
-        diffs = [k for k in CONTENT_KEYS if old.get(k) != json.loads(json.dumps(meta[k]))]
+        diffs = [k for k in content_keys(meta) if old.get(k) != json.loads(json.dumps(meta[k]))]
         if old.get("format") != REGEN_FORMAT or diffs:
             raise SpecDecError(
                 f"{out} holds a regeneration with other settings ({', '.join(diffs) or 'format'} differ, see "
                 f"{path}); resume it with the same options or use another --out"
             )
         meta = {**old, "versions": meta["versions"]}
-    run = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe_machine()}
+    run = {
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": describe_machine(),
+        **how,
+    }
     meta["runs"] = [*meta.get("runs", []), run]
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(meta, indent=1))
     return meta
+
+
+def record_shard(out: Path, meta: dict, path: Path) -> None:
+    """Note in ``regenerate.json`` that this run (the last in ``meta["runs"]``) wrote shard ``path``."""
+    meta["runs"][-1].setdefault("shards", []).append(path.name)
+    (out / "regenerate.json").write_text(json.dumps(meta, indent=1))

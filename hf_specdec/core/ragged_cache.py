@@ -154,6 +154,20 @@ class RaggedCache:
             set_layer_entries(layer, layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
         self.valid = self.valid.index_select(0, rows.to(self.valid.device))
 
+    def append_column(self) -> None:
+        """After a forward that fed one token to every row (plain decoding): every row keeps it."""
+        self.valid = torch.cat([self.valid, self.valid.new_ones(self.valid.shape[0], 1)], dim=1)
+
+    def append_rows(self, other: RaggedCache) -> None:
+        """Add ``other``'s rows (a batch prefilled on its own) below this batch's: continuous batching's refill.
+        The shorter of the two caches gets hole columns at its end, so no row's entries move."""
+        width = max(self.length, other.length)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            keys = torch.cat([_holes_after(mine.keys, width), _holes_after(theirs.keys, width)], dim=0)
+            values = torch.cat([_holes_after(mine.values, width), _holes_after(theirs.values, width)], dim=0)
+            set_layer_entries(mine, keys, values)
+        self.valid = torch.cat([_holes_after(self.valid, width), _holes_after(other.valid, width)], dim=0)
+
     def holes(self) -> float:
         """The fraction of the cache's entries that are holes."""
         return 1.0 - float(self.valid.float().mean()) if self.valid.numel() else 0.0
@@ -186,6 +200,18 @@ def cache_device(cache: Cache) -> torch.device:
         if keys is not None:
             return keys.device
     return torch.device("cpu")
+
+
+def _holes_after(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` (entries along dim 2 of a cache tensor, or dim 1 of ``valid``) widened to ``width`` entries with zeros
+    (holes) at the end."""
+    dim = 1 if t.dim() == 2 else 2
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)
 
 
 def _per_entry(index: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
