@@ -64,7 +64,7 @@ bench: install
 REGEN_THREADS ?= 2
 regen: install
 	nice -n 19 $(VENV)/bin/hf-specdec corpus --regenerate --out data/regen/smollm2-fp32-first-turns --dtype fp32 \
-		--threads $(REGEN_THREADS) --method ar --batch-size 32 --max-turns 1 --splits train
+		--threads $(REGEN_THREADS) --method ar-refill --batch-size 32 --max-turns 1 --splits train
 
 lint: install
 	$(VENV)/bin/ruff check hf_specdec modeling trainers tests
