@@ -154,12 +154,14 @@ def test_measure_times_each_method_and_batch_size(tiny_target):
     from hf_specdec.target import load_target
 
     model, tok = load_target(str(tiny_target), "fp32")
-    rows = measure(model, tok, [("ar", 2), ("pld-plus-h", 2)], prompts=3, max_new_tokens=4)
+    rows = measure(model, tok, [("ar", 2), ("pld-plus-h", 2), ("ar-refill", 2)], prompts=3, max_new_tokens=4)
     assert [(r["method"], r["batch_size"], r["prompts"]) for r in rows] == [
         ("ar", 2, 3),
         ("pld-plus-h", 2, 3),
+        ("ar-refill", 2, 3),
     ]
     assert all(0 < r["tokens"] <= 12 and r["tokens_per_s"] > 0 for r in rows)
+    assert len({(r["tokens"], r["finished"]) for r in rows}) == 1  # lossless greedy: the same answers
 
 
 def test_no_bench_prompt_enters_the_corpus(regenerated):
