@@ -50,9 +50,8 @@ def test_every_row_is_its_own_greedy_output_through_refills_and_repacks(monkeypa
         monkeypatch.setattr(RaggedCache, name, counted)
     got = refill_greedy(model, prompts, 12, [eos], pad_id=0, batch_size=3, refill_at=1)
     assert got == expected
-    assert (
-        calls["append_rows"] >= 2 and calls["repack"] >= 1
-    )  # refilled a running batch, and repacked its holes
+    # it refilled a running batch, and repacked its holes
+    assert calls["append_rows"] >= 2 and calls["repack"] >= 1
 
 
 def test_a_generation_config_that_changes_greedy_is_refused():

@@ -187,9 +187,8 @@ def regenerate_conversations(
             break
         active.sort(key=lambda a: a[0])
         batch_size = settings["batch_size"]
-        step = (
-            len(active) if settings["method"] == "ar-refill" else batch_size
-        )  # refill: the turn is one call
+        # sampling seeds each batch; greedy hands the whole turn to answer_prompts (which batches it by method)
+        step = batch_size if settings["generation"]["mode"] == "sample" else len(active)
         for b in range(0, len(active), step):
             batch = active[b : b + step]
             if settings["generation"]["mode"] == "sample":

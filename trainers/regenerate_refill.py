@@ -68,41 +68,35 @@ def refill_greedy(
     check_plain_greedy(model)
     device = next(model.parameters()).device
     refill_at = max(1, batch_size // 4) if refill_at is None else refill_at
-    masks, eos = LayerMasks(model), torch.tensor(sorted(set(eos_ids)), device=device)
+    masks, eos = LayerMasks(model), set(eos_ids)
     queue, out = deque(range(len(prompts))), [[] for _ in prompts]
     rows: list[int] = []  # the prompt index of each row of the batch
     batch, pending = None, None  # the rows' cache, and their last tokens: emitted, not yet fed
     while queue or rows:
         if queue and (not rows or batch_size - len(rows) >= refill_at):
             new = [queue.popleft() for _ in range(min(batch_size - len(rows), len(queue)))]
-            fresh, tokens = _prefill(model, masks, [prompts[i] for i in new], pad_id, device)
+            ids, mask = left_pad([prompts[i] for i in new], pad_id, device)
+            fresh = RaggedCache(DynamicCache(), masks)
+            tokens = _greedy_next(model, fresh, *fresh.prefill(ids, mask))  # the new rows' own batch
             if rows:
                 batch.append_rows(fresh)
                 batch.maybe_repack()
                 pending = torch.cat([pending, tokens])
             else:
                 batch, pending = fresh, tokens
-            first, rows = len(rows), rows + new  # rows first.. emitted
+            first, rows = len(rows), rows + new  # the rows from ``first`` on have a new token
         else:
             positions = batch.lengths[:, None]
             allowed = torch.cat([batch.valid, batch.valid.new_ones(len(rows), 1)], dim=1)[:, None, None, :]
             keys = torch.cat([batch.entry_positions(), positions], dim=1)
-            logits = model(
-                input_ids=pending[:, None],
-                position_ids=positions,
-                attention_mask=masks(allowed, positions, keys),
-                past_key_values=batch.cache,
-                use_cache=True,
-                return_dict=True,
-            ).logits
+            pending = _greedy_next(model, batch, pending[:, None], positions, masks(allowed, positions, keys))
             batch.append_column()
-            first, pending = 0, logits[:, -1].argmax(-1)
+            first = 0
         # the one host read: what the rows emit, and which of them end
-        ended = torch.isin(pending, eos).tolist()
+        ended = [False] * first
         for row, token in enumerate(pending[first:].tolist(), start=first):
             out[rows[row]].append(token)
-            ended[row] = ended[row] or len(out[rows[row]]) >= max_new_tokens
-        ended[:first] = [False] * first
+            ended.append(token in eos or len(out[rows[row]]) >= max_new_tokens)
         if any(ended):
             keep = torch.tensor([r for r, e in enumerate(ended) if not e], dtype=torch.long, device=device)
             batch.select_rows(keep)
@@ -111,18 +105,15 @@ def refill_greedy(
     return out
 
 
-def _prefill(model, masks: LayerMasks, prompts: list[list[int]], pad_id: int, device) -> tuple:
-    """The new rows' own batch: their cache (a :class:`RaggedCache`) and their first new tokens ``(n,)``."""
-    ids, mask = left_pad(prompts, pad_id, device)
-    fresh = RaggedCache(DynamicCache(), masks)
-    positions, allowed = fresh.prefill_inputs(mask)
+def _greedy_next(model, batch: RaggedCache, fed, positions, mask) -> torch.Tensor:
+    """One forward of ``fed`` into ``batch``'s cache; each row's argmax after its last fed token, ``(rows,)``."""
     logits = model(
-        input_ids=ids,
+        input_ids=fed,
         position_ids=positions,
-        attention_mask=masks(allowed, positions, positions),
-        past_key_values=fresh.cache,
+        attention_mask=mask,
+        past_key_values=batch.cache,
         use_cache=True,
         return_dict=True,
         **logits_to_keep(model, 1),
     ).logits
-    return fresh, logits[:, -1].argmax(-1)
+    return logits[:, -1].argmax(-1)
