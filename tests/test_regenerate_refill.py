@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from hf_specdec.trainers.regenerate_refill import check_plain_greedy, refill_greedy
+from hf_specdec.trainers.regenerate_refill import check_plain_greedy, prefill_groups, refill_greedy
 from hf_specdec.trainers.regenerate_store import read_shard
 
 from hf_specdec.core.ragged_cache import RaggedCache
@@ -117,3 +117,13 @@ def test_the_default_target_refilled_writes_its_plain_greedy_answers(real_target
     eos = eos_token_ids(model.generation_config)
     expected = [alone(model, p, 24, eos[0]) for p in prompts]
     assert refill_greedy(model, prompts, 24, eos, tok.pad_token_id, batch_size=3, refill_at=1) == expected
+
+
+def test_prefill_groups_keep_padding_under_the_bound():
+    lengths = [850, 100, 120, 400, 130, 410, 900, 105]
+    groups = prefill_groups([[1] * n for n in lengths], waste=0.25)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        sizes = [lengths[i] for i in g]
+        assert sizes == sorted(sizes) and len(g) * max(sizes) <= 1.25 * sum(sizes)
+    assert [len(g) for g in groups] == [4, 2, 2]  # 100-130, 400-410, 850-900: one forward each
