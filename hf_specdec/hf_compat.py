@@ -25,6 +25,9 @@ Entries:
   a public setter, ``set_attn_implementation``, but no public getter).
 - ``cache_layers``: the fields of ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` that compacting a cache to an
   accepted tree path rewrites (``keys``, ``values``, ``cumulative_length``); only these exact types are rewritten.
+  :class:`OverallocatedLayer` is a ``DynamicLayer`` whose ``update`` writes into spare capacity instead of
+  concatenating (the continuous-batching corpus loop's cache, :func:`overallocated_cache`); it relies on
+  ``DynamicLayer``'s ``lazy_initialization`` and on ``update`` returning the layer's whole ``(keys, values)``.
 - ``decoder_layers``: the conventions of transformers' decoder layers that GLIDE builds its layers from
   (``modeling/glide_layers.py``): a layer's submodules ``self_attn``, ``mlp``, ``input_layernorm``,
   ``post_attention_layernorm`` (and Gemma's ``pre_/post_feedforward_layernorm``), an attention module's call
@@ -37,7 +40,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerationMixin
 
 from .errors import SpecDecError
@@ -188,7 +191,64 @@ def attn_implementation(model) -> str | None:
 
 
 # ------------------------------------------------------------------ cache_layers
-CACHE_LAYER_TYPES = (DynamicLayer, DynamicSlidingWindowLayer)  # exact types whose fields we rewrite
+# the entries an OverallocatedLayer reserves beyond what it holds when it reallocates
+SPARE_ENTRIES = 64
+
+
+class OverallocatedLayer(DynamicLayer):
+    """A ``DynamicLayer`` that keeps its entries at the front of a larger buffer, so that ``update`` writes the new
+    entries into spare capacity instead of ``torch.cat``-ing the whole cache: a one-token step then moves one entry
+    per row, not all of them (at 32 rows of 1200 entries the concatenation of keys and values was as long as the
+    attention itself; docs/corpus.md). ``keys`` / ``values`` are views of the buffer's first ``n`` entries, so the
+    layer reads and reports exactly what a ``DynamicLayer`` would, bit for bit.
+
+    Whatever replaces ``keys`` / ``values`` (``set_layer_entries``, ``crop``, ``batch_select_indices``, ...) is safe:
+    when they are no longer a prefix of the buffer, the next ``update`` copies them into a new one. A prefix view
+    (a crop, or ``keys[:, :, :n]`` after an in-place gather) is written after in place, which overwrites only
+    entries the layer no longer holds."""
+
+    _buffer: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _holds_prefix(self, needed: int) -> bool:
+        if self._buffer is None or self.keys is None or self.keys.dim() != 4:
+            return False
+        same = (
+            t.data_ptr() == b.data_ptr() and t.stride() == b.stride() and t.shape[:2] == b.shape[:2]
+            for t, b in zip((self.keys, self.values), self._buffer)
+        )
+        return all(same) and needed <= self._buffer[0].shape[-2]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.keys.shape[-2] if self.keys.dim() == 4 else 0
+        end = n + key_states.shape[-2]
+        if not self._holds_prefix(end):
+            capacity = end + SPARE_ENTRIES
+            buffer = []
+            for old, new in ((self.keys, key_states), (self.values, value_states)):
+                b = new.new_empty(*new.shape[:2], capacity, new.shape[-1])
+                if n:
+                    b[:, :, :n] = old
+                buffer.append(b)
+            self._buffer = (buffer[0], buffer[1])
+        keys, values = self._buffer
+        keys[:, :, n:end] = key_states
+        values[:, :, n:end] = value_states
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        return self.keys, self.values
+
+
+def overallocated_cache() -> DynamicCache:
+    """An empty ``DynamicCache`` whose layers, created as the model fills them, are :class:`OverallocatedLayer`."""
+    cache = DynamicCache()
+    Cache.__init__(cache, layer_class_to_replicate=OverallocatedLayer)
+    return cache
+
+
+FULL_CACHE_LAYER_TYPES = (DynamicLayer, OverallocatedLayer)  # full-attention layers that keep every entry
+# the exact types whose fields we rewrite
+CACHE_LAYER_TYPES = (*FULL_CACHE_LAYER_TYPES, DynamicSlidingWindowLayer)
 
 
 def set_layer_entries(layer, keys: torch.Tensor, values: torch.Tensor) -> None:

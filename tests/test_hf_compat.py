@@ -163,7 +163,11 @@ def test_attn_implementation():
 @pytest.mark.parametrize("layer", [DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=16)])
 def test_cache_layers(layer):
     """Rewriting a layer's entries leaves a layer that reports and extends the new length."""
-    assert hf_compat.CACHE_LAYER_TYPES == (DynamicLayer, DynamicSlidingWindowLayer)
+    assert hf_compat.CACHE_LAYER_TYPES == (
+        DynamicLayer,
+        hf_compat.OverallocatedLayer,
+        DynamicSlidingWindowLayer,
+    )
     k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
     layer.update(k, v)
     for field in ("keys", "values", "is_initialized") + (
@@ -177,6 +181,63 @@ def test_cache_layers(layer):
     torch.testing.assert_close(keys[..., :3, :], k[..., :3, :])
     with pytest.raises(SpecDecError, match="cannot rewrite"):
         hf_compat.set_layer_entries(object(), k, v)
+
+
+def test_cache_layers_overallocated_layer_reads_as_a_dynamic_layer():
+    """Through updates past its capacity and every way its entries get replaced, an OverallocatedLayer holds what a
+    DynamicLayer holds; within capacity an update writes in place (the point of it)."""
+    g = torch.Generator().manual_seed(0)
+    dynamic, spare = DynamicLayer(), hf_compat.OverallocatedLayer()
+
+    def both(op):
+        for layer in (dynamic, spare):
+            op(layer)
+        assert spare.get_seq_length() == dynamic.get_seq_length(), _entry("cache_layers")
+        torch.testing.assert_close(spare.keys, dynamic.keys, rtol=0, atol=0)
+        torch.testing.assert_close(spare.values, dynamic.values, rtol=0, atol=0)
+
+    def update(n):
+        rows = dynamic.keys.shape[0] if dynamic.is_initialized else 3
+        k, v = torch.randn(rows, 2, n, 4, generator=g), torch.randn(rows, 2, n, 4, generator=g)
+        both(lambda layer: layer.update(k, v))
+
+    update(5)
+    before = spare.keys.data_ptr()
+    for _ in range(hf_compat.SPARE_ENTRIES + 3):  # past the first buffer's capacity
+        update(1)
+    assert spare._buffer[0].shape[-2] > 5 + hf_compat.SPARE_ENTRIES, "it never reallocated"
+    during = spare.keys.data_ptr()
+    update(1)
+    assert spare.keys.data_ptr() == during != before, "an update within capacity should write in place"
+    both(lambda layer: hf_compat.set_layer_entries(layer, layer.keys[:, :, :20], layer.values[:, :, :20]))
+    update(2)  # written over the dropped entries of the prefix view
+    both(lambda layer: layer.crop(-4))
+    update(3)
+    rows = torch.tensor([2, 0])
+    both(lambda layer: hf_compat.set_layer_entries(layer, layer.keys[rows], layer.values[rows]))
+    update(1)
+    both(lambda layer: layer.batch_select_indices(torch.tensor([1])))
+    update(2)
+
+
+def test_cache_layers_overallocated_cache_gives_the_models_own_logits():
+    """A model decoding into ``overallocated_cache()`` computes bit for bit what it computes into a DynamicCache."""
+    from transformers import DynamicCache
+
+    model = tiny_llama()
+    ids = torch.randint(3, 97, (2, 7), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for cache in (DynamicCache(), hf_compat.overallocated_cache()):
+        out, fed = [], ids
+        with torch.no_grad():
+            for _ in range(hf_compat.SPARE_ENTRIES + 10):
+                step = model(input_ids=fed, past_key_values=cache, use_cache=True).logits[:, -1]
+                fed = step.argmax(-1, keepdim=True)
+                out.append(step)
+        logits.append(torch.stack(out))
+        assert cache.get_seq_length() == 7 + hf_compat.SPARE_ENTRIES + 9
+    assert all(type(layer) is hf_compat.OverallocatedLayer for layer in cache.layers), _entry("cache_layers")
+    assert torch.equal(logits[0], logits[1])
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3", "phi3"])

@@ -11,7 +11,9 @@ computes live rows only.
 The rows share one :class:`~hf_specdec.core.ragged_cache.RaggedCache` of the tree core: each row has its own valid
 entries, position ids count its real tokens, and a 4D mask lets a query see its own row's entries only. So each row
 computes what it computes alone, up to float rounding (the batch changes the shapes of the matmuls). In fp32 the
-text is plain ``generate``'s: shards written both ways are compared in docs/corpus.md and ``tests/test_regenerate``.
+text is plain ``generate``'s: shards written both ways are compared in docs/corpus.md and ``tests/test_regenerate``. The cache's layers
+are ``hf_compat.OverallocatedLayer``: a step writes each row's new entry into spare capacity rather than copying the
+whole cache (``torch.cat``), which at long rows cost as much as the attention.
 
 Greedy only (sampled rows would draw from one RNG in an order the refill changes), and only a generation config
 whose greedy step is the plain argmax (:func:`check_plain_greedy`). One host read per step: the new tokens, which
@@ -23,13 +25,13 @@ from __future__ import annotations
 from collections import deque
 
 import torch
-from transformers import DynamicCache
 
 from hf_specdec.core.batch_io import left_pad
 from hf_specdec.core.generate_io import logits_to_keep
 from hf_specdec.core.ragged_cache import RaggedCache
 from hf_specdec.core.sliding_window import LayerMasks
 from hf_specdec.errors import SpecDecError
+from hf_specdec.hf_compat import overallocated_cache
 
 PREFILL_WASTE = 0.25  # at most this fraction of a prefill batch's tokens are padding (prefill_groups)
 
@@ -80,7 +82,7 @@ def refill_greedy(
             first = len(rows)  # the rows from ``first`` on get a new token
             for group in prefill_groups([prompts[i] for i in new]):
                 ids, mask = left_pad([prompts[new[k]] for k in group], pad_id, device)
-                fresh = RaggedCache(DynamicCache(), masks)
+                fresh = RaggedCache(overallocated_cache(), masks)
                 tokens = _greedy_next(model, fresh, *fresh.prefill(ids, mask))  # the new rows' own batch
                 if rows:
                     batch.append_rows(fresh)

@@ -14,17 +14,17 @@ and holes cost attention time; :meth:`RaggedCache.repack` right-aligns the rows 
 in every row (run by the loop when holes exceed :data:`REPACK_FRACTION` of the cache).
 
 Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only ``DynamicLayer``
-caches are supported here: a model's sliding-window layers keep every entry too, their window is applied in the
+caches (or ``hf_compat.OverallocatedLayer``, the same with spare capacity) are supported here: a model's sliding-window layers keep every entry too, their window is applied in the
 masks by positions (:meth:`RaggedCache.entry_positions`, ``sliding_window.py``), where holes do not count.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from ..errors import SpecDecError
-from ..hf_compat import set_layer_entries
+from ..hf_compat import FULL_CACHE_LAYER_TYPES, set_layer_entries
 from .tree import TokenTree
 
 REPACK_FRACTION = 0.25  # repack when more than this fraction of the cache's entries are holes
@@ -36,7 +36,7 @@ class RaggedCache:
 
     def __init__(self, cache: Cache, masks=None):
         for i, layer in enumerate(getattr(cache, "layers", None) or []):
-            if type(layer) is not DynamicLayer:
+            if type(layer) not in FULL_CACHE_LAYER_TYPES:
                 raise SpecDecError(
                     f"batched speculative decoding needs full-attention dynamic cache layers; layer {i} is a "
                     f"{type(layer).__name__} (static, quantized and offloaded caches cannot skip the holes of "
