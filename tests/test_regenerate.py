@@ -164,6 +164,28 @@ def test_measure_times_each_method_and_batch_size(tiny_target):
     assert len({(r["tokens"], r["finished"]) for r in rows}) == 1  # lossless greedy: the same answers
 
 
+def test_measure_shards_times_whole_shards_and_checks_their_text(tiny_target, tmp_path, capsys):
+    """``--measure-shards``: each configuration answers the run's own shards and writes its committed text."""
+    out = tmp_path / "run"
+    regenerate(out, tiny_target, "--limit", "3", "--splits", "train", "--max-turns", "1")
+    argv = ["corpus", "--regenerate", "--out", str(out), "--target", str(tiny_target), "--splits", "train"]
+    capsys.readouterr()
+    assert main([*argv, "--dtype", "fp32", "--measure", "ar:2,ar-refill:2", "--measure-shards", "0,2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    per_shard = [(r["shard"], r["method"], r["same_as_shard_file"]) for r in rows if "shard" in r]
+    assert per_shard == [(s, m, True) for s in (0, 2) for m in ("ar", "ar-refill")]
+    totals = [r for r in rows if "shards" in r]
+    assert [(t["method"], t["shards"]) for t in totals] == [("ar", [0, 2]), ("ar-refill", [0, 2])]
+    assert totals[0]["tokens"] == totals[1]["tokens"] > 0
+    for extra, error in (
+        (["--dtype", "bf16", "--measure", "ar:2", "--measure-shards", "0"], "is fp32; pass --dtype fp32"),
+        (["--dtype", "fp32", "--measure", "ar:2", "--measure-shards", "999999"], "train has shards 0 to"),
+        (["--measure-shards", "0"], "pass both"),
+    ):
+        assert main([*argv, *extra]) != 0
+        assert error in capsys.readouterr().err
+
+
 def test_no_bench_prompt_enters_the_corpus(regenerated):
     from datasets import load_from_disk
 

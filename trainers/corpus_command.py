@@ -94,6 +94,12 @@ def add_regenerate_arguments(p) -> None:
         help="time these (method, batch size) pairs on --measure-prompts prompts instead (e.g. ar:8,pld-plus-h:4)",
     )
     g.add_argument("--measure-prompts", type=int, default=16)
+    g.add_argument(
+        "--measure-shards",
+        default=None,
+        metavar="N,...",
+        help="with --measure: time these whole shards of the run in --out (its settings; first of --splits) instead",
+    )
 
 
 def run_regenerate(args) -> int:
@@ -102,8 +108,10 @@ def run_regenerate(args) -> int:
     from hf_specdec.target import load_target
 
     from .regenerate_dataset import finalize
-    from .regenerate_measure import measure
+    from .regenerate_measure import measure, measure_shards
 
+    if args.measure_shards and not args.measure:
+        raise SpecDecError("--measure-shards times the configurations of --measure METHOD:B,...; pass both")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.finalize:
@@ -127,6 +135,16 @@ def run_regenerate(args) -> int:
                     f"--measure {item!r}: expected METHOD:B with METHOD in {', '.join(METHODS)}"
                 )
             configs.append((method, int(b)))
+        if args.measure_shards:
+            split = args.splits.split(",")[0].strip()
+            try:
+                shards = [int(s) for s in args.measure_shards.split(",")]
+            except ValueError:
+                raise SpecDecError(
+                    f"--measure-shards {args.measure_shards!r}: expected shard numbers, e.g. 30,35"
+                ) from None
+            measure_shards(model, tokenizer, args.out, split, shards, configs, dtype)
+            return 0
         measure(model, tokenizer, configs, args.measure_prompts, args.max_new_tokens, args.max_prompt_tokens)
         return 0
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
