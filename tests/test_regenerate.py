@@ -148,6 +148,33 @@ def test_shards_are_compressed_and_an_older_runs_plain_shards_still_count(tmp_pa
     assert shard_files(tmp_path, "validation") == []
 
 
+def test_a_run_stopped_while_it_records_a_shard_keeps_its_settings_file(tmp_path, monkeypatch):
+    """regenerate.json is what a resume checks; a kill in the middle of rewriting it must leave the last whole one."""
+    from pathlib import Path
+
+    from hf_specdec.trainers.regenerate_store import record_shard, write_meta
+
+    meta = {"format": 1, "runs": [{"command": "x", "shards": ["train-00000.jsonl.xz"]}]}
+    write_meta(tmp_path, meta)
+    before = (tmp_path / "regenerate.json").read_text()
+    real_write = Path.write_text
+
+    def killed_midway(self, data, *args, **kwargs):
+        real_write(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # the process ends here
+
+    monkeypatch.setattr(Path, "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        record_shard(tmp_path, meta, tmp_path / "shards" / "train-00001.jsonl.xz")
+    monkeypatch.undo()
+    assert (tmp_path / "regenerate.json").read_text() == before
+    record_shard(tmp_path, meta, tmp_path / "shards" / "train-00002.jsonl.xz")
+    assert (
+        json.loads((tmp_path / "regenerate.json").read_text())["runs"][0]["shards"][-1]
+        == "train-00002.jsonl.xz"
+    )
+
+
 def test_measure_times_each_method_and_batch_size(tiny_target):
     from hf_specdec.trainers.regenerate_measure import measure
 

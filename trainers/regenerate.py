@@ -43,6 +43,7 @@ from .regenerate_store import (
     regeneration_metadata,
     shard_done,
     shard_path,
+    write_meta,
     write_shard,
 )
 
@@ -301,5 +302,5 @@ def regenerate(
     meta.setdefault("splits", {})
     for split in splits:
         meta["splits"][split] = regenerate_split(model, tokenizer, out, split, settings, bench, limit, meta)
-        (out / "regenerate.json").write_text(json.dumps(meta, indent=1))
+        write_meta(out, meta)
     return finalize(out, tokenizer) if assemble else meta

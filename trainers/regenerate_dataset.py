@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hf_specdec.errors import SpecDecError
 
-from .regenerate_store import SOURCE, read_shard, shard_files
+from .regenerate_store import SOURCE, read_shard, shard_files, write_meta
 
 
 def finalize(out: str | Path, tokenizer=None) -> dict:
@@ -84,7 +84,7 @@ def finalize(out: str | Path, tokenizer=None) -> dict:
         source=f"{REGENERATED_SOURCE}: {SOURCE}",
         extra={"regenerated": settings},
     )
-    path.write_text(json.dumps(meta, indent=1))
+    write_meta(out, meta)
     for split, s in summary.items():
         print(f"{split}: {s}")
     print(

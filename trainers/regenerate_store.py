@@ -91,6 +91,14 @@ def write_shard(path: Path, records: list[dict]) -> None:
     tmp.replace(path)
 
 
+def write_meta(out: Path, meta: dict) -> None:
+    """Write ``regenerate.json``, renamed into place when complete: a run stopped mid-write (a machine that ends its
+    session, a kill) leaves the earlier file whole, and resuming needs it."""
+    tmp = out / "regenerate.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(out / "regenerate.json")
+
+
 def _package_versions() -> dict:
     import datasets
     import transformers
@@ -153,11 +161,11 @@ def open_run(out: Path, meta: dict, command: str | None) -> dict:
     }
     meta["runs"] = [*meta.get("runs", []), run]
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(meta, indent=1))
+    write_meta(out, meta)
     return meta
 
 
 def record_shard(out: Path, meta: dict, path: Path) -> None:
     """Note in ``regenerate.json`` that this run (the last in ``meta["runs"]``) wrote shard ``path``."""
     meta["runs"][-1].setdefault("shards", []).append(path.name)
-    (out / "regenerate.json").write_text(json.dumps(meta, indent=1))
+    write_meta(out, meta)
