@@ -17,7 +17,7 @@ from hf_specdec.errors import SpecDecError
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
 from .regenerate import answer_batch, answer_prompts, generate_kwargs, prompt_ids, regenerate_conversations
-from .regenerate_store import read_shard, shard_done, shard_files
+from .regenerate_store import read_shard, shard_files
 
 
 def measure(
@@ -111,7 +111,8 @@ def measure_shards(
         regenerate_conversations(model, tokenizer, items[:2], warm, split, seed_key=("warm-up",))
     rows, totals = [], {c: [0.0, 0] for c in configs}
     for s in shards:
-        committed = read_shard(files[f"{split}-{s:05d}"]) if shard_done(out, split, s) else None
+        finished = files.get(f"{split}-{s:05d}")
+        committed = read_shard(finished) if finished else None
         for method, batch_size in configs:
             run = {**settings, "method": method, "batch_size": batch_size}
             t0 = time.perf_counter()

@@ -11,9 +11,9 @@ computes live rows only.
 The rows share one :class:`~hf_specdec.core.ragged_cache.RaggedCache` of the tree core: each row has its own valid
 entries, position ids count its real tokens, and a 4D mask lets a query see its own row's entries only. So each row
 computes what it computes alone, up to float rounding (the batch changes the shapes of the matmuls). In fp32 the
-text is plain ``generate``'s: shards written both ways are compared in docs/corpus.md and ``tests/test_regenerate``. The cache's layers
-are ``hf_compat.OverallocatedLayer``: a step writes each row's new entry into spare capacity rather than copying the
-whole cache (``torch.cat``), which at long rows cost as much as the attention.
+text is plain ``generate``'s: shards written both ways are compared in docs/corpus.md and ``tests/test_regenerate``.
+The cache's layers are ``hf_compat.OverallocatedLayer``: a step writes each row's new entry into spare capacity
+rather than copying the whole cache (``torch.cat``), which at long rows cost as much as the attention.
 
 Greedy only (sampled rows would draw from one RNG in an order the refill changes), and only a generation config
 whose greedy step is the plain argmax (:func:`check_plain_greedy`). One host read per step: the new tokens, which

@@ -14,8 +14,9 @@ and holes cost attention time; :meth:`RaggedCache.repack` right-aligns the rows 
 in every row (run by the loop when holes exceed :data:`REPACK_FRACTION` of the cache).
 
 Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only ``DynamicLayer``
-caches (or ``hf_compat.OverallocatedLayer``, the same with spare capacity) are supported here: a model's sliding-window layers keep every entry too, their window is applied in the
-masks by positions (:meth:`RaggedCache.entry_positions`, ``sliding_window.py``), where holes do not count.
+caches (or ``hf_compat.OverallocatedLayer``, the same with spare capacity) are supported here: a model's
+sliding-window layers keep every entry too, their window is applied in the masks by positions
+(:meth:`RaggedCache.entry_positions`, ``sliding_window.py``), where holes do not count.
 """
 
 from __future__ import annotations
