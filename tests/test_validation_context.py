@@ -273,3 +273,45 @@ def test_the_final_validation_is_not_run_twice():
     trainer.state.global_step = 9
     assert final_validation(trainer) == {"eval_loss": 9.0}
     assert calls == [1]
+
+
+def test_mix_corpus_interleaves_equal_shares_after_the_skip(tmp_path):
+    """``--mix-corpus``: rows alternate between ``--corpus`` and each mixed corpus (its first ``--mix-skip-rows``
+    skipped), each giving half the run's rows; a shorter part starts over; the card's data line names the mix; bad
+    uses fail early."""
+    from hf_specdec.trainers.training_rows import describe_rows, mixed_corpora, training_blocks
+
+    own = [list(range(10, 18)), list(range(20, 28)), list(range(30, 38))]
+    other = [list(range(50, 58)), list(range(60, 68)), list(range(70, 78)), list(range(80, 88))]
+    _write_corpus(tmp_path / "own", own, supervised_from=0)
+    _write_corpus(tmp_path / "other", other, supervised_from=0)
+    args = _args(tmp_path / "own", max_steps=4, mix_corpus=[str(tmp_path / "other")], mix_skip_rows=1)
+    train, _ = training_blocks(args, None)
+    assert train["input_ids"] == [own[0], other[1], own[1], other[2]]
+    args = _args(tmp_path / "own", max_steps=6, mix_corpus=[str(tmp_path / "other")], mix_skip_rows=2)
+    train, _ = training_blocks(
+        args, None
+    )  # 3 rows each asked; the other holds 2 after the skip: it starts over
+    assert train["input_ids"] == [own[0], other[2], own[1], other[3], own[2], other[2]]
+    words = describe_rows(args, "train")
+    assert "interleaved row by row, in equal shares, with corpus other (test) after its first 2 rows" in words
+    whole = _args(
+        tmp_path / "own",
+        max_steps=2,
+        train_context="conversation",
+        train_length=4,
+        mix_corpus=[str(tmp_path / "other")],
+    )
+    train, _ = training_blocks(whole, None)
+    assert train["input_ids"] == [own[0][:4], other[0][:4], own[1][:4], other[1][:4]]  # 2 rows a batch
+    assert train["length"] == [4, 4, 4, 4]
+    with pytest.raises(SpecDecError, match="holds only 4 rows; skip fewer"):
+        training_blocks(_args(tmp_path / "own", mix_corpus=[str(tmp_path / "other")], mix_skip_rows=4), None)
+    with pytest.raises(SpecDecError, match="give the first with --corpus"):
+        mixed_corpora(argparse.Namespace(corpus=None, mix_corpus=[str(tmp_path / "other")]))
+    with pytest.raises(SpecDecError, match="no corpus.json there"):
+        mixed_corpora(_args(tmp_path / "own", mix_corpus=[str(tmp_path / "missing")]))
+    with pytest.raises(SpecDecError, match="feature store"):
+        mixed_corpora(_args(tmp_path / "own", mix_corpus=[str(tmp_path / "other")], features="store"))
+    with pytest.raises(SpecDecError, match="0 or more"):
+        mixed_corpora(_args(tmp_path / "own", mix_skip_rows=-1))

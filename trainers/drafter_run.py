@@ -32,6 +32,7 @@ from .eval_only import eval_only_checked, write_eval_results
 from .training_rows import (
     describe_rows,
     eval_batch_size,
+    mixed_corpora,
     rows_per_batch,
     skipped_rows,
     train_tokens,
@@ -123,6 +124,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     whole_conversations(args)  # likewise --eval-length
     whole_conversations(args, "train")  # and --train-length (not with --features)
     skipped_rows(args)  # and --skip-train-rows
+    mixed_corpora(args)  # and --mix-corpus / --mix-skip-rows
     eval_only = eval_only_checked(args)
     set_seed(args.seed)
     t_start = time.perf_counter()

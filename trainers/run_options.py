@@ -26,6 +26,21 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="pre-tokenized ShareGPT from `hf-specdec corpus --out DIR` (default: tokenize ShareGPT now)",
     )
     p.add_argument(
+        "--mix-corpus",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="also train on this token corpus (repeatable): each corpus, --corpus's included, gives an equal share "
+        "of the rows, interleaved row by row (e.g. the target's own answers with ShareGPT's text)",
+    )
+    p.add_argument(
+        "--mix-skip-rows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--mix-corpus: skip each mixed split's first N rows (text a --init-from drafter has already seen)",
+    )
+    p.add_argument(
         "--features",
         default=None,
         help="train from a feature store (`hf-specdec features --out DIR`): no target forward per step",

@@ -14,6 +14,11 @@ A conversation batch holds as many tokens as a packed one at most: ``--batch-siz
 is ``--batch-size x --block-size // length`` rows (:func:`rows_per_batch`); validation keeps two rows at least, for
 the other-context control (``DrafterTrainer.evaluate``). Why whole conversations: docs/training.md, "Whole
 conversations" (issue #32 point 4).
+
+``--mix-corpus DIR`` (repeatable) trains on several corpora at once, e.g. the target's own answers with ShareGPT's
+code-rich text: each gives an equal share of the run's rows (``--mix-skip-rows`` of each mixed split skipped first),
+interleaved row by row with ``datasets.interleave_datasets``; a corpus that runs out starts over until the longest
+has been seen once.
 """
 
 from __future__ import annotations
@@ -67,10 +72,36 @@ def eval_batch_size(args) -> int:
     return rows_per_batch(args, "eval")
 
 
-def row_source(args, tokenizer, part: str) -> Callable:
-    """``(split, limit) -> Dataset`` of ``part``'s rows (module docstring), from a corpus (``--corpus``; for
-    validation ``--eval-corpus`` first) or ShareGPT tokenized now."""
-    corpus = part_corpus(args, part)
+def mixed_corpora(args) -> list[str]:
+    """``--mix-corpus`` folders, checked: each a corpus folder, with ``--corpus`` given, and no feature store."""
+    mixes = list(getattr(args, "mix_corpus", None) or [])
+    skip = getattr(args, "mix_skip_rows", 0) or 0
+    if skip < 0:
+        raise SpecDecError(f"--mix-skip-rows must be 0 or more (got {skip})")
+    if not mixes:
+        return mixes
+    if not args.corpus:
+        raise SpecDecError(
+            "--mix-corpus mixes token corpora: give the first with --corpus too (ShareGPT as a corpus: "
+            "`hf-specdec corpus --out DIR`)"
+        )
+    if getattr(args, "features", None):
+        raise SpecDecError(
+            "--mix-corpus picks rows of several corpora; a feature store (--features) holds its own blocks. "
+            "Drop one of the two"
+        )
+    for mix in mixes:
+        if not (Path(mix) / "corpus.json").is_file():
+            raise SpecDecError(
+                f"--mix-corpus {mix}: no corpus.json there; build one with `hf-specdec corpus --out {mix}`"
+            )
+    return mixes
+
+
+def row_source(args, tokenizer, part: str, corpus: str | None = None) -> Callable:
+    """``(split, limit) -> Dataset`` of ``part``'s rows (module docstring), from a corpus (``corpus``, else
+    ``--corpus``; for validation ``--eval-corpus`` first) or ShareGPT tokenized now."""
+    corpus = corpus or part_corpus(args, part)
     if whole_conversations(args, part):
         length = getattr(args, f"{part}_length")
         if corpus:
@@ -106,8 +137,18 @@ def describe_rows(args, part: str) -> str:
     skipped = skipped_rows(args) if part == "train" else 0
     skip = f", after the split's first {skipped} rows" if skipped else ""
     if whole_conversations(args, part):
-        return f"whole conversations from their start, {getattr(args, f'{part}_length')} tokens at most{skip}"
-    return f"packed blocks of {args.block_size} tokens{skip}"
+        rows = f"whole conversations from their start, {getattr(args, f'{part}_length')} tokens at most{skip}"
+    else:
+        rows = f"packed blocks of {args.block_size} tokens{skip}"
+    mixes = mixed_corpora(args) if part == "train" else []
+    if mixes:
+        from .corpus import corpus_source
+
+        mix_skip = getattr(args, "mix_skip_rows", 0) or 0
+        after = f" after its first {mix_skip} rows" if mix_skip else ""
+        named = "; ".join(f"corpus {Path(m).name} ({corpus_source(m)}){after}" for m in mixes)
+        rows += f"; interleaved row by row, in equal shares, with {named}"
+    return rows
 
 
 def validation_rows(args) -> str:
@@ -144,14 +185,22 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
     train = None
     if with_train:
         n_train = args.max_steps * rows_per_batch(args, "train") * args.grad_accum * processes
-        skip = skipped_rows(args)
-        train = row_source(args, tokenizer, "train")("train", skip + n_train)
-        if skip:
-            if len(train) <= skip:
-                raise SpecDecError(
-                    f"--skip-train-rows {skip}: the train split holds only {len(train)} rows; skip fewer"
-                )
-            train = train.select(range(skip, len(train)))
+        mixes = mixed_corpora(args)
+        share = -(-n_train // (1 + len(mixes)))  # each corpus's rows: all of them, or an equal share in a mix
+        train = _rows_after(
+            row_source(args, tokenizer, "train"), skipped_rows(args), share, "--skip-train-rows"
+        )
+        if mixes:
+            from datasets import interleave_datasets
+
+            mix_skip = getattr(args, "mix_skip_rows", 0) or 0
+            parts = [
+                _rows_after(row_source(args, tokenizer, "train", mix), mix_skip, share, "--mix-skip-rows")
+                for mix in mixes
+            ]
+            for mix, rows in zip(mixes, parts):
+                print(f"corpus {mix}: {len(rows)} train rows to mix in")
+            train = interleave_datasets([train, *parts], stopping_strategy="all_exhausted")
         if whole_conversations(args, "train"):
             train = train.add_column("length", [len(r) for r in train["input_ids"]])
         print(f"{source_name(args, 'train')}: {len(train)} train rows, {describe_rows(args, 'train')}")
@@ -166,6 +215,16 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
         valid = validation_blocks(held_out, getattr(args, "eval_tokens", 20000), size)
     print(f"{source_name(args, 'eval')}: {len(valid)} validation rows, {describe_rows(args, 'eval')}")
     return train, valid
+
+
+def _rows_after(rows: Callable, skip: int, n: int, option: str):
+    """The train split's ``n`` rows after its first ``skip`` (fewer if it holds fewer); ``option`` names the skip."""
+    train = rows("train", skip + n)
+    if not skip:
+        return train
+    if len(train) <= skip:
+        raise SpecDecError(f"{option} {skip}: the train split holds only {len(train)} rows; skip fewer")
+    return train.select(range(skip, len(train)))
 
 
 def validation_blocks(blocks: Callable, tokens: int, block_size: int):
