@@ -154,7 +154,8 @@ def drafter_card_data(info: dict, kind: str, title: str) -> ModelCardData:
         library_name="hf_specdec",
         pipeline_tag="text-generation",
         tags=["hf_specdec", "speculative-decoding", "draft-model", *method_tags, "transformers"],
-        datasets=[SHAREGPT_HUB_ID] if str(info.get("data", "")).startswith("ShareGPT") else None,
+        # ShareGPT's text, or its prompts answered by the target (``corpus --regenerate``), mixed or not
+        datasets=[SHAREGPT_HUB_ID] if "ShareGPT" in str(info.get("data", "")) else None,
         model_name=title,
         eval_results=results or None,
         hf_specdec={"method": kind, "target": info["target"], "command": info.get("command", "")},
