@@ -289,9 +289,8 @@ def test_mix_corpus_interleaves_equal_shares_after_the_skip(tmp_path):
     train, _ = training_blocks(args, None)
     assert train["input_ids"] == [own[0], other[1], own[1], other[2]]
     args = _args(tmp_path / "own", max_steps=6, mix_corpus=[str(tmp_path / "other")], mix_skip_rows=2)
-    train, _ = training_blocks(
-        args, None
-    )  # 3 rows each asked; the other holds 2 after the skip: it starts over
+    # 3 rows each asked; the other holds 2 after the skip: it starts over
+    train, _ = training_blocks(args, None)
     assert train["input_ids"] == [own[0], other[2], own[1], other[3], own[2], other[2]]
     words = describe_rows(args, "train")
     assert "interleaved row by row, in equal shares, with corpus other (test) after its first 2 rows" in words

@@ -72,12 +72,19 @@ def eval_batch_size(args) -> int:
     return rows_per_batch(args, "eval")
 
 
-def mixed_corpora(args) -> list[str]:
-    """``--mix-corpus`` folders, checked: each a corpus folder, with ``--corpus`` given, and no feature store."""
-    mixes = list(getattr(args, "mix_corpus", None) or [])
+def mix_skipped_rows(args) -> int:
+    """``--mix-skip-rows``, checked: 0 or more (:func:`skipped_rows`' twin for ``--mix-corpus``)."""
     skip = getattr(args, "mix_skip_rows", 0) or 0
     if skip < 0:
         raise SpecDecError(f"--mix-skip-rows must be 0 or more (got {skip})")
+    return skip
+
+
+def mixed_corpora(args) -> list[str]:
+    """``--mix-corpus`` folders, checked: each a corpus folder, with ``--corpus`` given, and no feature store (and
+    ``--mix-skip-rows``)."""
+    mixes = list(getattr(args, "mix_corpus", None) or [])
+    mix_skipped_rows(args)
     if not mixes:
         return mixes
     if not args.corpus:
@@ -144,7 +151,7 @@ def describe_rows(args, part: str) -> str:
     if mixes:
         from .corpus import corpus_source
 
-        mix_skip = getattr(args, "mix_skip_rows", 0) or 0
+        mix_skip = mix_skipped_rows(args)
         after = f" after its first {mix_skip} rows" if mix_skip else ""
         named = "; ".join(f"corpus {Path(m).name} ({corpus_source(m)}){after}" for m in mixes)
         rows += f"; interleaved row by row, in equal shares, with {named}"
@@ -193,7 +200,7 @@ def training_blocks(args, tokenizer, processes: int = 1, with_train: bool = True
         if mixes:
             from datasets import interleave_datasets
 
-            mix_skip = getattr(args, "mix_skip_rows", 0) or 0
+            mix_skip = mix_skipped_rows(args)
             parts = [
                 _rows_after(row_source(args, tokenizer, "train", mix), mix_skip, share, "--mix-skip-rows")
                 for mix in mixes
