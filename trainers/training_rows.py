@@ -153,7 +153,7 @@ def describe_rows(args, part: str) -> str:
 
         mix_skip = mix_skipped_rows(args)
         after = f" after its first {mix_skip} rows" if mix_skip else ""
-        named = "; ".join(f"the corpus {m} ({corpus_source(m)}){after}" for m in mixes)
+        named = "; ".join(f"the corpus folder {Path(m).name} ({corpus_source(m)}){after}" for m in mixes)
         rows += f"; interleaved row by row, in equal shares, with {named}"
     return rows
 
