@@ -258,3 +258,29 @@ def test_cost_sized_candidates_stay_exact_and_shrink_with_the_cost():
         assert torch.equal(out, ref), name
         drafted[name] = stats.drafted / stats.target_forwards
     assert drafted["free"] == drafted["off"] > drafted["steep"], drafted
+
+
+def test_card_tau_feeds_every_mask(monkeypatch):
+    """The card's tau (``trainers/space_card.measure_tau``) is the paper's decoding, every mask every step, as its
+    detail line says: not gated by this machine's cost curve, which can switch the masks off and report tau 1."""
+    from types import SimpleNamespace
+
+    from hf_specdec.trainers.space_card import measure_tau
+
+    import hf_specdec.tasks
+
+    model = _peaked(tiny_llama(vocab_size=97), k=3)
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 4]])
+    monkeypatch.setattr(hf_specdec.tasks, "load_task", lambda task, tok, n: [{"prompt": "p"}] * n)
+    tokenizer = lambda text, return_tensors: SimpleNamespace(input_ids=prompt)  # noqa: E731
+    calls, generate = [], model.generate
+    monkeypatch.setattr(model, "generate", lambda *a, **kw: calls.append(kw) or generate(*a, **kw))
+
+    tau, detail = measure_tau(model, tokenizer, n_prompts=2, max_new_tokens=24)
+
+    assert [(kw["space_cost"], kw["num_masks"]) for kw in calls] == [(False, 3)] * 2
+    stats = DecodeStats()
+    generate(prompt, max_new_tokens=24, do_sample=False, custom_generate=space_generate, num_masks=3,
+             space_cost=False, stats=stats)  # fmt: skip
+    assert tau == pytest.approx(stats.new_tokens / stats.target_forwards) and tau > 1.2
+    assert "all 3 masks" in detail

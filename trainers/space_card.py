@@ -96,7 +96,9 @@ def _mask_line(scores: dict) -> str:
 
 
 def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) -> tuple[float, str]:
-    """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward), all ``k`` masks per step."""
+    """Greedy SPACE tau on the first ``n_prompts`` mt-bench prompts (tokens per forward), all ``k`` masks every step
+    (``space_cost=False``, the paper's decoding: what the masks accept, not what this machine's cost gate lets them
+    draft)."""
     from hf_specdec.core.stats import DecodeStats
     from hf_specdec.space.decoding import space_generate
     from hf_specdec.tasks import load_task
@@ -113,6 +115,7 @@ def measure_tau(model, tokenizer, n_prompts: int = 4, max_new_tokens: int = 64) 
             do_sample=False,
             custom_generate=space_generate,
             num_masks=model.config.space_k,
+            space_cost=False,
             stats=stats,
         )
         tokens += stats.new_tokens
