@@ -93,17 +93,24 @@ def training_arguments(args):
 
 
 def resume_checkpoint(args) -> str | None:
-    """The checkpoint ``--resume`` continues from (``get_last_checkpoint``); None without ``--resume``."""
-    if not args.resume:
-        return None
+    """The checkpoint ``--resume`` continues from (``get_last_checkpoint``); None for a fresh run.
+
+    A fresh run into a folder that holds an earlier run's checkpoints is refused: its checkpoints would be rotated
+    away and its drafter overwritten, and a forgotten ``--resume`` would silently start the run again from step 0.
+    """
     from .run_support import last_checkpoint
 
     last = last_checkpoint(args.output_dir)
-    if last is None:
+    if args.resume and last is None:
         raise SpecDecError(
             f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
         )
-    return last
+    if not args.resume and last is not None:
+        raise SpecDecError(
+            f"{args.output_dir} holds {Path(last).name} of an earlier run: add --resume to continue it, or give "
+            "another --output-dir (or delete its checkpoint-* folders) to start a new run"
+        )
+    return last if args.resume else None
 
 
 def run_drafter_training(args, recipe: DrafterRecipe) -> int:
@@ -126,6 +133,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     skipped_rows(args)  # and --skip-train-rows
     mixed_corpora(args)  # and --mix-corpus / --mix-skip-rows
     eval_only = eval_only_checked(args)
+    resume = None if eval_only else resume_checkpoint(args)  # before the target loads
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
@@ -165,7 +173,8 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     )
     if eval_only:
         return write_eval_results(args, trainer)
-    resume = resume_checkpoint(args)
+    if resume:
+        print(f"resuming from {resume}")
     _, train_seconds, steps_run = timed_train(trainer, resume)
     metrics = final_validation(trainer)
     extra = recipe.after_training(trainer)  # on every process (EDD's calibration gathers from all)

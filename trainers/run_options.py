@@ -152,7 +152,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop (and save) at this step, keeping the lr schedule of --max-steps (equal-budget ablations)",
     )
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint in --output-dir (without it, a folder holding checkpoints is "
+        "refused)",
+    )
     p.add_argument(
         "--eval-only",
         action="store_true",
