@@ -101,7 +101,10 @@ def test_training_puts_the_target_on_the_trainers_device(monkeypatch, tmp_path):
         drafter_run, "training_blocks", lambda args, tok, processes, with_train=True: ([], [])
     )
     monkeypatch.setattr(drafter_run, "training_arguments", lambda args: Args())
-    args = argparse.Namespace(max_steps=1, seed=0, target=None, gguf_file=None, dtype="fp32", features=None)
+    args = argparse.Namespace(
+        max_steps=1, seed=0, target=None, gguf_file=None, dtype="fp32", features=None,
+        output_dir=str(tmp_path / "run"), resume=False,
+    )  # fmt: skip
     recipe = drafter_run.DrafterRecipe("x", build, None, None, None, None)
     with pytest.raises(Built):
         drafter_run.run_drafter_training(args, recipe)
