@@ -110,7 +110,7 @@ def resume_checkpoint(args) -> str | None:
             f"{args.output_dir} holds {Path(last).name} of an earlier run: add --resume to continue it, or give "
             "another --output-dir (or delete its checkpoint-* folders) to start a new run"
         )
-    return last if args.resume else None
+    return last  # None for a fresh run: a folder with checkpoints was refused above
 
 
 def run_drafter_training(args, recipe: DrafterRecipe) -> int:
