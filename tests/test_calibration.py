@@ -171,15 +171,18 @@ def test_train_edd_ends_calibrated_and_records_it(tmp_path, capsys):
         f"| fp32 {cost['fp32']}, bf16 {cost['bf16']}, machine {cost['machine']} |"
         in (out / "README.md").read_text()
     )
-    # the run saved checkpoint-2: a second run there without --resume stops before anything loads, and keeps it;
-    # with --resume it goes on from step 2 (issue #32 point 3: a stopped run loses at most a few minutes)
+    # the run saved checkpoint-2: a fresh run there (--no-resume) stops before anything loads, and keeps it; the
+    # same command without it goes on from step 2 (issue #32 point 3: a stopped run loses at most a few minutes)
     weights = (out / "checkpoint-2" / "model.safetensors").read_bytes()
-    assert main([*argv, "--draft-vocab", "1024", "--target", str(tmp_path / "missing")]) == 2
+    assert main([*argv, "--draft-vocab", "1024", "--no-resume", "--target", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert "holds checkpoint-2 of an earlier run: add --resume to continue it" in err and "missing" not in err
+    assert (
+        "holds checkpoint-2 of an earlier run: drop --no-resume to continue it" in err
+        and "missing" not in err
+    )
     assert (out / "checkpoint-2" / "model.safetensors").read_bytes() == weights
     argv[argv.index("--max-steps") + 1] = "3"
-    assert main([*argv, "--draft-vocab", "1024", "--resume", "--no-card-cost"]) == 0
+    assert main([*argv, "--draft-vocab", "1024", "--no-card-cost"]) == 0
     assert f"resuming from {out / 'checkpoint-2'}" in capsys.readouterr().out
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and json.loads((out / "model_card.json").read_text())["steps"] == 3

@@ -253,6 +253,34 @@ def test_training_clis_default_to_precision_auto():
         assert p.parse_known_args(["--output-dir", "o", "--bf16"])[0].precision == "bf16"
 
 
+def test_every_training_run_resumes_by_one_policy(tmp_path):
+    """``run_support.resume_point``, shared by ``train glide|edd|space``: by default the last checkpoint if there is
+    one; ``--resume`` requires one; ``--no-resume`` refuses a folder holding one (it would rotate it away)."""
+    import argparse
+
+    from hf_specdec.trainers import edd, glide, space
+    from hf_specdec.trainers.run_support import resume_point
+
+    from hf_specdec.errors import SpecDecError
+
+    assert resume_point(tmp_path / "absent", None) is None and resume_point(tmp_path, False) is None
+    with pytest.raises(SpecDecError, match="no checkpoint-\\* folder .* drop --resume"):
+        resume_point(tmp_path, True)
+    for step in (2, 10):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    assert resume_point(tmp_path, None) == resume_point(tmp_path, True) == str(tmp_path / "checkpoint-10")
+    with pytest.raises(SpecDecError, match="holds checkpoint-10 of an earlier run: drop --no-resume"):
+        resume_point(tmp_path, False)
+    for recipe in (glide, edd, space):  # the three CLIs parse the flag alike
+        p = argparse.ArgumentParser()
+        recipe.add_arguments(p)
+        parsed = [
+            p.parse_known_args(["--output-dir", "o", *flag])[0].resume
+            for flag in ([], ["--resume"], ["--no-resume"])
+        ]
+        assert parsed == [None, True, False]
+
+
 def test_validation_holds_the_asked_supervised_tokens():
     """Issue #32: validation blocks are taken until they hold --eval-tokens supervised tokens (or the split ends)."""
     from datasets import Dataset

@@ -222,6 +222,9 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     assert "--decode-masks from 1 to k" in capsys.readouterr().err and not out.exists()
     assert main([*argv, "--decode-masks", "2"]) in (0, None)
     assert is_space_adapter(out / "adapter")
+    # a fresh run over its checkpoint is refused before the model loads (trainers/run_support.resume_point)
+    assert main([*argv, "--no-resume", "--model", str(tmp_path / "missing")]) == 2
+    assert "holds checkpoint-1 of an earlier run" in capsys.readouterr().err
     assert (out / "adapter" / "adapter_model.safetensors").stat().st_size < 30e6  # LoRA + the [M] row only
     info = json.loads((out / "adapter" / "space_training.json").read_text())
     assert info["command"].startswith("hf-specdec train space") and info["target_info"]["vocab_size"] == 49152

@@ -3,8 +3,8 @@
 Steps: load the frozen target, build the training / validation rows (``training_rows.py``: packed blocks or whole
 conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing ShareGPT now), build
 ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the
-drafter there (the recipe), train with ``DrafterTrainer`` (resuming from ``get_last_checkpoint(--output-dir)`` with
-``--resume``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the drafter, its
+drafter there (the recipe), train with ``DrafterTrainer`` (resuming from the last checkpoint in ``--output-dir``:
+``run_support.resume_point``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the drafter, its
 training curve and model card. ``--eval-only`` stops after building the ``Trainer``: it validates the ``--init-from``
 drafter and writes ``eval_results.json``.
 
@@ -92,27 +92,6 @@ def training_arguments(args):
     )
 
 
-def resume_checkpoint(args) -> str | None:
-    """The checkpoint ``--resume`` continues from (``get_last_checkpoint``); None for a fresh run.
-
-    A fresh run into a folder that holds an earlier run's checkpoints is refused: its checkpoints would be rotated
-    away and its drafter overwritten, and a forgotten ``--resume`` would silently start the run again from step 0.
-    """
-    from .run_support import last_checkpoint
-
-    last = last_checkpoint(args.output_dir)
-    if args.resume and last is None:
-        raise SpecDecError(
-            f"--resume: no checkpoint-* folder in {args.output_dir}; drop --resume to start fresh"
-        )
-    if not args.resume and last is not None:
-        raise SpecDecError(
-            f"{args.output_dir} holds {Path(last).name} of an earlier run: add --resume to continue it, or give "
-            "another --output-dir (or delete its checkpoint-* folders) to start a new run"
-        )
-    return last  # None for a fresh run: a folder with checkpoints was refused above
-
-
 def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     """Train, evaluate and save one drafter as ``recipe`` says (module docstring)."""
     from transformers import set_seed
@@ -123,7 +102,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     from .data import install_draft_vocab
     from .drafter_trainer import DrafterTrainer, write_training_curve
     from .run_options import unrolled_options
-    from .run_support import TimeLimitCallback, per_hour, timed_train
+    from .run_support import TimeLimitCallback, per_hour, resume_point, timed_train
 
     if args.max_steps < 1:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")
@@ -133,7 +112,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     skipped_rows(args)  # and --skip-train-rows
     mixed_corpora(args)  # and --mix-corpus / --mix-skip-rows
     eval_only = eval_only_checked(args)
-    resume = None if eval_only else resume_checkpoint(args)  # before the target loads
+    resume = None if eval_only else resume_point(args.output_dir, args.resume)  # before the target loads
     set_seed(args.seed)
     t_start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
@@ -173,8 +152,6 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     )
     if eval_only:
         return write_eval_results(args, trainer)
-    if resume:
-        print(f"resuming from {resume}")
     _, train_seconds, steps_run = timed_train(trainer, resume)
     metrics = final_validation(trainer)
     extra = recipe.after_training(trainer)  # on every process (EDD's calibration gathers from all)

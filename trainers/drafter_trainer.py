@@ -5,7 +5,7 @@ target's KV cache, seen through the block-wise mask of glide-cape.txt §4.1; EDD
 the drafter with cross entropy on the data's next tokens (assistant tokens only, see ``trainers/data.py``),
 plus an optional KL(p_target || q_draft) term (``kl_weight``; glide-cape.txt App. B reports distillation as a
 small gain). Only the drafter's parameters are trained; the target is not part of the model, so checkpoints
-hold the drafter alone and ``--resume`` continues from the last one.
+hold the drafter alone and a run continues from the last one (``run_support.resume_point``).
 
 A drafter used with this trainer provides:
 

@@ -5,7 +5,7 @@ Data: ShareGPT conversations in the target's chat template, packed into blocks, 
 (its hidden states of layer ``encoder_layer`` are EDD's soft prompt, its next-token distribution the KL target),
 EDD runs teacher-forced under the dual-block mask with a block length drawn from [5, 10] (``modeling/masks.py``),
 and the loss is ``KL(P_t || P_d)`` (eq. 4; ``trainers/losses.py``). The run is the one shared with GLIDE
-(``trainers/drafter_run.py``, ``DrafterTrainer`` with ``loss="kl"``). Resumable (``--resume``),
+(``trainers/drafter_run.py``, ``DrafterTrainer`` with ``loss="kl"``). Resumable (the last checkpoint, by default),
 progress bar, validation (KL, CE, top-1 agreement with the target), loss curve and model card.
 
 Ablations of Table 3: ``--no-soft-prompt`` (w/o encoding result), ``--loss ce`` (w/o KL divergence),

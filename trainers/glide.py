@@ -3,7 +3,7 @@
 Data: ShareGPT conversations in the target's chat template, packed into blocks, assistant tokens supervised
 (``trainers/data.py``), with a validation split. The frozen target runs under no_grad on every batch to produce
 its KV cache; the drafter reads it through the block-wise cross-attention mask (L = 5). Resumable
-(``--resume``), progress bar, loss curve and model card written to ``--output-dir``.
+(from the last checkpoint, by default), progress bar, loss curve and model card written to ``--output-dir``.
 """
 
 from __future__ import annotations

@@ -94,6 +94,17 @@ def add_precision_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="--precision bf16")
 
 
+def add_resume_argument(p: argparse.ArgumentParser) -> None:
+    """``--resume`` / ``--no-resume`` of every training run; the policy is ``run_support.resume_point``'s."""
+    p.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="by default a run continues from the last checkpoint-N in --output-dir if there is one; --resume "
+        "requires one, --no-resume starts fresh and refuses a folder that holds checkpoints",
+    )
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Evaluation, checkpointing, logging, the model card's measurement, stopping early, resuming, seed."""
     p.add_argument(
@@ -152,12 +163,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop (and save) at this step, keeping the lr schedule of --max-steps (equal-budget ablations)",
     )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the last checkpoint in --output-dir (without it, a folder holding checkpoints is "
-        "refused)",
-    )
+    add_resume_argument(p)
     p.add_argument(
         "--eval-only",
         action="store_true",

@@ -105,6 +105,31 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
     return get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
 
 
+def resume_point(output_dir: str | Path, resume: bool | None) -> str | None:
+    """The checkpoint a ``train`` run continues from, one policy for every recipe (that of HF's example scripts):
+
+    - ``resume=None`` (the default): the last ``checkpoint-N`` in ``output_dir`` if it holds one, else a fresh run;
+    - ``True`` (``--resume``): that checkpoint, and an error when there is none;
+    - ``False`` (``--no-resume``): a fresh run, refused when the folder holds an earlier run's checkpoints (the
+      ``Trainer`` would rotate them away and overwrite the model, and a later resume could pick a stale one).
+
+    Called before the model loads, so a refusal costs nothing; prints the checkpoint it resumes from.
+    """
+    from hf_specdec.errors import SpecDecError
+
+    last = last_checkpoint(output_dir)
+    if resume and last is None:
+        raise SpecDecError(f"--resume: no checkpoint-* folder in {output_dir}; drop --resume to start fresh")
+    if resume is False and last is not None:
+        raise SpecDecError(
+            f"{output_dir} holds {Path(last).name} of an earlier run: drop --no-resume to continue it, or give "
+            "another --output-dir (or delete its checkpoint-* folders) to start a new run"
+        )
+    if last is not None:
+        print(f"resuming from {last}")
+    return last
+
+
 def timed_train(trainer, resume: str | None):
     """``trainer.train(resume_from_checkpoint=resume)``, timed for the card's training speed: ``(its result, wall
     seconds, optimizer steps it ran)``; a resumed run counts only the steps since its checkpoint."""

@@ -35,7 +35,7 @@ from hf_specdec.options import add_model_arguments
 from hf_specdec.space.mask_token import add_mask_token
 from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 
-from .run_options import add_precision_argument
+from .run_options import add_precision_argument, add_resume_argument
 from .space_card import measure_tau, write_model_card
 from .space_collator import SpaceDataCollator
 from .space_eval import mask_top1
@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tau-prompts", type=int, default=4, help="validation prompts to measure tau on (0: skip)"
     )
-    p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --output-dir")
+    add_resume_argument(p)
     p.add_argument(
         "--decode-masks",
         type=int,
@@ -163,7 +163,7 @@ def training_arguments(args: argparse.Namespace, lr: float):
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
     from hf_specdec.trainers.corpus import first_turns, first_turns_source
-    from hf_specdec.trainers.run_support import TimeLimitCallback, last_checkpoint, timed_train
+    from hf_specdec.trainers.run_support import TimeLimitCallback, resume_point, timed_train
     from hf_specdec.trainers.training_rows import part_corpus
     from transformers import Trainer
 
@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> None:
             f"--k must be at least 1 and --decode-masks from 1 to k (got {args.k}, {args.decode_masks})"
         )
     out = Path(args.output_dir)
+    resume = resume_point(out, args.resume)  # before the model loads
     torch.manual_seed(args.seed)
     model, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     base = getattr(model.config, "name_or_path", None) or str(args.model)
@@ -204,9 +205,6 @@ def run(args: argparse.Namespace) -> None:
     trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=val, data_collator=collator)
     if args.max_minutes:
         trainer.add_callback(TimeLimitCallback(args.max_minutes * 60))
-    resume = None if args.no_resume else last_checkpoint(out)
-    if resume:
-        logger.warning("resuming from %s", resume)
     result, train_seconds, steps_run = timed_train(trainer, resume)
     metrics = trainer.evaluate()  # on every process: the Trainer gathers the loss over all of them
     if not trainer.is_world_process_zero():  # one process writes the model, its history and its card
