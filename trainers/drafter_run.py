@@ -4,8 +4,8 @@ Steps: load the frozen target, build the training / validation rows (``training_
 conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing ShareGPT now), build
 ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the
 drafter there (the recipe), train with ``DrafterTrainer`` (resuming from the last checkpoint in ``--output-dir``:
-``run_support.resume_point``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the drafter, its
-training curve and model card. ``--eval-only`` stops after building the ``Trainer``: it validates the ``--init-from``
+``run_support.resume_point``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the
+drafter, its training curve and model card. ``--eval-only`` stops after building the ``Trainer``: it validates the ``--init-from``
 drafter and writes ``eval_results.json``.
 
 Several processes (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``, gloo on a CPU, NCCL
