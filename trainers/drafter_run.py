@@ -5,8 +5,8 @@ conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing Share
 ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the
 drafter there (the recipe), train with ``DrafterTrainer`` (resuming from the last checkpoint in ``--output-dir``:
 ``run_support.resume_point``), evaluate, run the recipe's post-training step (EDD: confidence calibration), save the
-drafter, its training curve and model card. ``--eval-only`` stops after building the ``Trainer``: it validates the ``--init-from``
-drafter and writes ``eval_results.json``.
+drafter, its training curve and model card. ``--eval-only`` stops after building the ``Trainer``: it validates the
+``--init-from`` drafter and writes ``eval_results.json``.
 
 Several processes (``torchrun --nproc_per_node N`` or ``accelerate launch --num_processes N``, gloo on a CPU, NCCL
 on GPUs): each runs this on its device, the Trainer shards the batches and syncs gradients (``DrafterTrainer``
