@@ -50,7 +50,7 @@ def test_no_transformers_private_name_outside_hf_compat():
         f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
         for folder in ("hf_specdec", "modeling", "trainers")
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if path.name != "hf_compat.py"
+        if "hf_compat" not in path.parts
         for i, line in enumerate(path.read_text().splitlines(), 1)
         if PRIVATE.search(line)
     ]
@@ -203,9 +203,9 @@ def test_cache_layers_overallocated_layer_reads_as_a_dynamic_layer():
 
     update(5)
     before = spare.keys.data_ptr()
-    for _ in range(hf_compat.SPARE_ENTRIES + 3):  # past the first buffer's capacity
+    for _ in range(hf_compat.CHUNK_ENTRIES + 3):  # past the first buffer's capacity
         update(1)
-    assert spare._buffer[0].shape[-2] > 5 + hf_compat.SPARE_ENTRIES, "it never reallocated"
+    assert spare.capacity == 2 * hf_compat.CHUNK_ENTRIES, "it never reallocated"
     during = spare.keys.data_ptr()
     update(1)
     assert spare.keys.data_ptr() == during != before, "an update within capacity should write in place"
@@ -230,14 +230,98 @@ def test_cache_layers_overallocated_cache_gives_the_models_own_logits():
     for cache in (DynamicCache(), hf_compat.overallocated_cache()):
         out, fed = [], ids
         with torch.no_grad():
-            for _ in range(hf_compat.SPARE_ENTRIES + 10):
+            for _ in range(hf_compat.CHUNK_ENTRIES + 10):
                 step = model(input_ids=fed, past_key_values=cache, use_cache=True).logits[:, -1]
                 fed = step.argmax(-1, keepdim=True)
                 out.append(step)
         logits.append(torch.stack(out))
-        assert cache.get_seq_length() == 7 + hf_compat.SPARE_ENTRIES + 9
+        assert cache.get_seq_length() == 7 + hf_compat.CHUNK_ENTRIES + 9
     assert all(type(layer) is hf_compat.OverallocatedLayer for layer in cache.layers), _entry("cache_layers")
     assert torch.equal(logits[0], logits[1])
+
+
+def test_cache_layers_what_the_overallocated_layer_relies_on():
+    """The ``DynamicLayer`` / ``Cache`` API an OverallocatedLayer and ``overallocate_layers`` build on: the two-tensor
+    ``lazy_initialization``, ``update`` returning every entry, ``crop`` leaving a view of the first entries, a cache's
+    ``layers`` list and ``layer_class_to_replicate``, and the plain ``DynamicLayer`` layers that ``DynamicCache(config=)``
+    builds for a full-attention model (what ``generate`` prepares)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache
+
+    params = list(inspect.signature(DynamicLayer.lazy_initialization).parameters)
+    assert params[:3] == ["self", "key_states", "value_states"], f"{_entry('cache_layers')}: {params}"
+    layer, k = DynamicLayer(), torch.randn(1, 2, 5, 4)
+    keys, values = layer.update(k, k + 1)
+    assert keys is layer.keys and values is layer.values and keys.shape[-2] == 5, _entry("cache_layers")
+    layer.crop(-2)
+    assert layer.keys.data_ptr() == keys.data_ptr() and layer.keys.stride() == keys.stride(), _entry(
+        "cache_layers"
+    )
+    assert layer.get_seq_length() == 3, _entry("cache_layers")
+    lazy = DynamicCache()
+    assert lazy.layers == [] and lazy.layer_class_to_replicate is DynamicLayer, _entry("cache_layers")
+    assert "layer_class_to_replicate" in inspect.signature(Cache.__init__).parameters, _entry("cache_layers")
+    built = DynamicCache(config=tiny_llama().config)
+    assert [type(layer) for layer in built.layers] == [DynamicLayer] * 2, _entry("cache_layers")
+
+
+def test_cache_layers_overallocated_layer_writes_in_place():
+    """Within capacity no update moves the buffer; growth (by CHUNK_ENTRIES) keeps every entry; truncation moves the
+    fill pointer only; a reset empties the layer."""
+    g = torch.Generator().manual_seed(1)
+    layer, chunk = hf_compat.OverallocatedLayer(), hf_compat.CHUNK_ENTRIES
+    k, v = torch.randn(2, 3, 10, 8, generator=g), torch.randn(2, 3, 10, 8, generator=g)
+    keys, values = layer.update(k, v)
+    assert layer.capacity == chunk and torch.equal(keys, k) and torch.equal(values, v)
+    pointers = keys.data_ptr(), values.data_ptr()
+    for _ in range(chunk - 11):  # fills the buffer up to one spare entry
+        k1, v1 = torch.randn(2, 3, 1, 8, generator=g), torch.randn(2, 3, 1, 8, generator=g)
+        k, v = torch.cat([k, k1], dim=-2), torch.cat([v, v1], dim=-2)
+        keys, values = layer.update(k1, v1)
+        assert (keys.data_ptr(), values.data_ptr()) == pointers, "an update within capacity moved the buffer"
+    assert torch.equal(keys, k) and torch.equal(values, v) and layer.get_seq_length() == chunk - 1
+    k3, v3 = torch.randn(2, 3, 3, 8, generator=g), torch.randn(2, 3, 3, 8, generator=g)
+    keys, values = layer.update(k3, v3)  # past capacity: one move to the next multiple of the chunk
+    assert layer.capacity == 2 * chunk and keys.data_ptr() != pointers[0]
+    assert torch.equal(keys, torch.cat([k, k3], dim=-2)) and torch.equal(values, torch.cat([v, v3], dim=-2))
+    pointers = keys.data_ptr(), values.data_ptr()
+    layer.truncate(7)
+    assert layer.get_seq_length() == 7 and layer.capacity == 2 * chunk
+    assert (layer.keys.data_ptr(), layer.values.data_ptr()) == pointers and torch.equal(
+        layer.keys, k[:, :, :7]
+    )
+    keys, _ = layer.update(k3, v3)  # over the dropped entries
+    assert keys.data_ptr() == pointers[0] and torch.equal(keys, torch.cat([k[:, :, :7], k3], dim=-2))
+    with pytest.raises(ValueError, match="rows"):
+        layer.update(k3[:1], v3[:1])
+    layer.reset()
+    assert layer.get_seq_length() == 0 and not layer.is_initialized and layer.capacity == 0
+    keys, _ = layer.update(k3[:1], v3[:1])  # a reset layer takes any batch again
+    assert torch.equal(keys, k3[:1]) and layer.capacity == chunk
+
+
+def test_cache_layers_overallocate_layers_only_touches_empty_plain_caches():
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache
+
+    for cache in (DynamicCache(), DynamicCache(config=tiny_llama().config)):
+        assert hf_compat.overallocate_layers(cache), _entry("cache_layers")
+        assert all(type(layer) is hf_compat.OverallocatedLayer for layer in cache.layers)
+        with torch.no_grad():
+            tiny_llama()(torch.tensor([[1, 5, 6]]), past_key_values=cache, use_cache=True)
+        assert len(cache.layers) == 2 and cache.get_seq_length() == 3
+        assert all(type(layer) is hf_compat.OverallocatedLayer for layer in cache.layers), _entry(
+            "cache_layers"
+        )
+    full = DynamicCache()
+    with torch.no_grad():
+        tiny_llama()(torch.tensor([[1, 5, 6]]), past_key_values=full, use_cache=True)
+    sliding = Cache(layers=[DynamicSlidingWindowLayer(sliding_window=8)])
+    offloaded = DynamicCache()
+    offloaded.offloading = True  # what DynamicCache(offloading=True) sets (it needs an accelerator's streams)
+    for cache in (full, sliding, offloaded):
+        kinds = [type(layer) for layer in cache.layers]
+        assert not hf_compat.overallocate_layers(cache) and [type(layer) for layer in cache.layers] == kinds
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3", "phi3"])

@@ -7,7 +7,9 @@ the one a plain forward over the accepted tokens would have produced (positions 
 each node attended only to the prefix and its ancestors). For a chain whose accepted nodes are a prefix
 of the fed tokens this is HF's ``Cache.crop``.
 
-Supported layers: ``DynamicLayer`` (full attention) and ``DynamicSlidingWindowLayer`` while the whole
+Supported layers: ``DynamicLayer`` and ``hf_compat.OverallocatedLayer`` (full attention; the latter is what the
+loops verify into when the caller passes no cache, ``sliding_window.verification_cache``) and
+``DynamicSlidingWindowLayer`` while the whole
 sequence still fits in its window (nothing was evicted). :func:`check_tree_support` says, before a tree
 forward, whether it can run; the decoding loop then falls back to a plain one-token step (correct for
 any cache) instead of corrupting a sliding-window layer. Static, quantized, offloaded and linear-attention
@@ -20,7 +22,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from ..errors import SpecDecError
-from ..hf_compat import CACHE_LAYER_TYPES, set_layer_entries
+from ..hf_compat import CACHE_LAYER_TYPES, truncate_layer
+from .tree import host_to_device
 
 
 def _layers(cache: Cache) -> list:
@@ -59,8 +62,10 @@ def check_tree_support(cache: Cache, num_fed: int) -> bool:
 
 def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[int]) -> None:
     """Keep, after the first ``prefix_length`` entries, only the fed tokens at offsets ``keep`` (increasing,
-    relative to the prefix end), in that order; drop everything after them. In place. ``keep`` is checked on the
-    host (a tensor is read once); the layer loop does one gather per layer and reads nothing back."""
+    relative to the prefix end), in that order; drop everything after them. In place: the kept entries are gathered
+    into the slots right after the prefix, then the layer is truncated (``hf_compat.truncate_layer``: an
+    ``OverallocatedLayer`` moves its fill pointer, the next step writes over the dropped entries). ``keep`` is checked
+    on the host (a tensor is read once); the layer loop does one gather per layer and reads nothing back."""
     keep = keep.tolist() if isinstance(keep, torch.Tensor) else [int(k) for k in keep]
     m = len(keep)
     if any(b <= a for a, b in zip(keep, keep[1:])):
@@ -85,11 +90,11 @@ def compact_cache(cache: Cache, prefix_length: int, keep: torch.Tensor | list[in
         keys, values = layer.keys, layer.values
         if not contiguous:
             if keys.device not in index:
-                index[keys.device] = torch.tensor(keep, dtype=torch.long, device=keys.device) + prefix_length
+                index[keys.device] = host_to_device(keep, keys.device) + prefix_length
             idx = index[keys.device]
             keys[..., prefix_length : prefix_length + m, :] = keys.index_select(-2, idx)
             values[..., prefix_length : prefix_length + m, :] = values.index_select(-2, idx)
-        set_layer_entries(layer, keys[..., : prefix_length + m, :], values[..., : prefix_length + m, :])
+        truncate_layer(layer, prefix_length + m)
 
 
 class PackedCache:

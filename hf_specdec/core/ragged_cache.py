@@ -14,9 +14,11 @@ and holes cost attention time; :meth:`RaggedCache.repack` right-aligns the rows 
 in every row (run by the loop when holes exceed :data:`REPACK_FRACTION` of the cache).
 
 Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only ``DynamicLayer``
-caches (or ``hf_compat.OverallocatedLayer``, the same with spare capacity) are supported here: a model's
-sliding-window layers keep every entry too, their window is applied in the masks by positions
-(:meth:`RaggedCache.entry_positions`, ``sliding_window.py``), where holes do not count.
+caches (or ``hf_compat.OverallocatedLayer``, the same written in place into a preallocated buffer: what the tree
+core verifies into when the caller passes no cache, ``sliding_window.verification_cache``; a step then writes its
+block and gathers the kept entries in place, and only dropping, adding or repacking rows copies the cache) are
+supported here: a model's sliding-window layers keep every entry too, their window is applied in the masks by
+positions (:meth:`RaggedCache.entry_positions`, ``sliding_window.py``), where holes do not count.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import torch
 from transformers.cache_utils import Cache
 
 from ..errors import SpecDecError
-from ..hf_compat import FULL_CACHE_LAYER_TYPES, set_layer_entries
-from .tree import TokenTree
+from ..hf_compat import FULL_CACHE_LAYER_TYPES, set_layer_entries, truncate_layer
+from .tree import TokenTree, host_to_device
 
 REPACK_FRACTION = 0.25  # repack when more than this fraction of the cache's entries are holes
 
@@ -120,7 +122,7 @@ class RaggedCache:
             n = len(tree)
             if n:
                 fed[row, 1 : 1 + n] = tree.tokens.to(device)
-                positions[row, 1 : 1 + n] += torch.tensor(tree.depths, device=device)
+                positions[row, 1 : 1 + n] += tree.fed_depths()[1:].to(device)
                 block[row, : 1 + n, : 1 + n] = tree.ancestor_mask().to(device)
         prefix = self.valid[:, None, :].expand(b, q, s)
         return fed, positions, torch.cat([prefix, block], dim=2)[:, None]
@@ -131,13 +133,9 @@ class RaggedCache:
         b, s = self.valid.shape
         width = max(len(o) for o in offsets)
         device = self.valid.device
-        index = torch.zeros(b, width, dtype=torch.long, device=device)
-        real = torch.zeros(b, width, dtype=torch.bool, device=device)
-        for row, o in enumerate(offsets):
-            if len(o):
-                index[row, : len(o)] = torch.as_tensor(o, dtype=torch.long, device=device)
-                real[row, : len(o)] = True
-        index += s
+        # every row's offsets (padded with 0) and their number, in one copy to the device
+        packed = host_to_device([[len(o), *o, *[0] * (width - len(o))] for o in offsets], device)
+        index, real = packed[:, 1:] + s, torch.arange(width, device=device) < packed[:, :1]
         for layer in self.cache.layers:
             keys, values = layer.keys, layer.values
             idx = _per_entry(index, keys)
@@ -145,7 +143,7 @@ class RaggedCache:
                 keys.gather(2, idx),
                 values.gather(2, idx),
             )
-            set_layer_entries(layer, keys[:, :, : s + width], values[:, :, : s + width])  # views: no copy
+            truncate_layer(layer, s + width)  # no copy: an OverallocatedLayer's fill pointer moves
         self.valid = torch.cat([self.valid, real], dim=1)
 
     def select_rows(self, rows: torch.Tensor) -> None:

@@ -9,8 +9,9 @@ which needs every entry of the step, where an evicting layer has already dropped
 
 - verify into a cache of full layers (:func:`verification_cache`): the empty sliding-window cache ``generate``
   prepared is replaced by a ``DynamicCache`` without config, whose layers keep everything (what transformers 5.13
-  itself does for assisted generation, ``cache_implementation="dynamic_full"``). The cost: a sliding layer keeps its
-  whole context for the generation, like a full-attention one;
+  itself does for assisted generation, ``cache_implementation="dynamic_full"``; here written in place,
+  ``hf_compat.OverallocatedLayer``). The cost: a sliding layer keeps its whole context for the generation, like a
+  full-attention one;
 - pass, in place of a tree mask, the masks of :class:`LayerMasks`: the tree mask with the window applied by token
   *positions* (a query at position ``p`` sees keys at ``p - window < k <= p``, transformers' rule, which for the
   accepted tokens is exactly what plain decoding sees; tree siblings and the holes of a ragged batch do not count),
@@ -28,7 +29,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from ..errors import SpecDecError
-from ..hf_compat import CACHE_LAYER_TYPES
+from ..hf_compat import CACHE_LAYER_TYPES, overallocate_layers, overallocated_cache
 from .tree import additive_mask
 
 FULL, SLIDING = (
@@ -59,15 +60,21 @@ def layer_windows(model) -> list[int | None]:
 
 
 def verification_cache(model, cache: Cache | None) -> Cache:
-    """The cache a tree loop verifies into: ``cache`` unless it is missing, or empty with sliding-window layers (what
-    ``generate`` prepares for such models), then a ``DynamicCache`` of full layers (module docstring)."""
+    """The cache a tree loop verifies into. A caller's cache that holds entries (or has layers other than plain
+    dynamic ones) is used as it is. Otherwise its full-attention layers are ``hf_compat.OverallocatedLayer``, which
+    ``update`` in place (no copy of the whole cache per forward): ``cache`` missing, or empty with sliding-window
+    layers (what ``generate`` prepares for such models), is replaced by a cache of such full layers (module
+    docstring); an empty cache of plain ``DynamicLayer`` layers (what ``generate`` prepares for the others) gets them in
+    place (``hf_compat.overallocate_layers``: the same object, so a caller's own empty cache is still the one filled).
+    Either way the cache is a ``DynamicCache`` that a later ``generate`` can continue from."""
     if cache is None:
         cache = DynamicCache(config=model.config)  # transformers' own layers (recurrent ones stay refused)
     layers = getattr(cache, "layers", None) or []
     sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in layers)
     dynamic = all(type(layer) in CACHE_LAYER_TYPES for layer in layers)
     if sliding and dynamic and cache.get_seq_length() == 0:
-        return DynamicCache()
+        return overallocated_cache()
+    overallocate_layers(cache)
     return cache
 
 

@@ -24,11 +24,25 @@ from ..errors import SpecDecError
 ROOT = -1  # parent index meaning "child of the root (the last committed token)"
 
 
+def host_to_device(values: list, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list (nested lists: a matrix) as a ``dtype`` tensor on ``device``, without the host waiting for the
+    device: ``torch.tensor(values, device=cuda)`` copies from pageable memory, which first waits for everything
+    queued on the stream; here a CUDA copy goes from pinned memory, asynchronously (the caching host allocator keeps
+    the buffer until the copy is done). Elsewhere it is ``torch.tensor(values, dtype=dtype, device=device)``. The
+    decoding loops put what the host decided (tree tokens and parents, kept offsets) on the device with it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    pinned = torch.tensor(values, dtype=dtype, pin_memory=True)  # device: host-side, pinned for the copy
+    return pinned.to(device, non_blocking=True)
+
+
 @dataclass
 class TokenTree:
     """Draft nodes below the root. ``tokens``/``parents`` are 1D long tensors of length ``n`` (or lists, which are
-    checked on the host and put on ``device``: what the proposers pass, so building a tree reads nothing back from
-    the device); ``draft_probs`` is ``None`` (deterministic drafts) or an ``(n, vocab)`` float tensor.
+    checked on the host and put on ``device`` in one copy that does not wait for it: what the proposers pass, so
+    building a tree reads nothing back from the device); ``draft_probs`` is ``None`` (deterministic drafts) or an
+    ``(n, vocab)`` float tensor.
 
     The structure is also kept on the host (``parent_list``, ``depths``): the loop needs it to shape the
     verification forward, and keeping it avoids a device read per step. Tensors given by a caller are read once,
@@ -49,8 +63,8 @@ class TokenTree:
         if given_lists:
             token_list = [int(t) for t in self.tokens]
             self.parent_list = [int(p) for p in self.parents]
-            self.tokens = torch.tensor(token_list, dtype=torch.long, device=self.device)
-            self.parents = torch.tensor(self.parent_list, dtype=torch.long, device=self.device)
+            both = host_to_device([token_list, self.parent_list], self.device)  # one copy for the two
+            self.tokens, self.parents = both[0], both[1]
             self.token_list: list[int] | None = token_list
         else:
             self.tokens = torch.as_tensor(self.tokens, dtype=torch.long, device=self.device).reshape(-1)
@@ -60,6 +74,7 @@ class TokenTree:
         self.validate()
         self.depths = _depths(self.parent_list)
         self._ancestors: torch.Tensor | None = None
+        self._fed_depths: torch.Tensor | None = None
 
     # ----------------------------------------------------------------- builders
     @classmethod
@@ -147,11 +162,13 @@ class TokenTree:
         """The nodes ``keep`` (increasing; every kept node's parent kept too), re-indexed in their order."""
         remap = {ROOT: ROOT, **{old: new for new, old in enumerate(keep)}}
         parents = [remap[self.parent_list[i]] for i in keep]
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        # the kept rows are gathered on the device from tensors only
+        tensors = self.draft_probs is not None or self.token_list is None
+        idx = host_to_device(keep, self.device) if tensors else None
         probs = None if self.draft_probs is None else self.draft_probs[idx.to(self.draft_probs.device)]
         if self.token_list is not None:
             return TokenTree([self.token_list[i] for i in keep], parents, probs, self.device)
-        return TokenTree(self.tokens[idx], torch.tensor(parents, dtype=torch.long, device=self.device), probs)
+        return TokenTree(self.tokens[idx], host_to_device(parents, self.device), probs)
 
     # ----------------------------------------------------------------- verification inputs
     def flat_tokens(self, root_token: int | torch.Tensor) -> torch.Tensor:
@@ -159,10 +176,20 @@ class TokenTree:
         root = torch.as_tensor(root_token, dtype=torch.long, device=self.device).reshape(1)
         return torch.cat([root, self.tokens])[None]
 
+    def fed_depths(self) -> torch.Tensor:
+        """``(1 + n,)`` long, on the tree's device: the depth of each fed token (0 for the root), counted on the device
+        from :meth:`ancestor_mask` (a fed token is one deeper than its number of ancestors), so no host list is
+        copied to the device. Built once per tree."""
+        if self._fed_depths is None:
+            if not len(self):
+                self._fed_depths = torch.zeros(1, dtype=torch.long, device=self.device)
+            else:
+                self._fed_depths = self.ancestor_mask().sum(1) - 1
+        return self._fed_depths
+
     def position_ids(self, prefix_length: int) -> torch.Tensor:
         """``(1, 1 + n)``: ``prefix_length + depth`` (the root sits at ``prefix_length``)."""
-        depths = torch.tensor([0, *self.depths], dtype=torch.long, device=self.device)
-        return (prefix_length + depths)[None]
+        return (prefix_length + self.fed_depths())[None]
 
     def ancestor_mask(self) -> torch.Tensor:
         """``(1 + n, 1 + n)`` boolean: entry ``[i, j]`` is True iff fed token ``j`` is ``i`` or an ancestor of it

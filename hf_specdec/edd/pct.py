@@ -28,11 +28,13 @@ distribution at each listed node (``-1`` = the root, the last committed token), 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from ..core.timing import DeviceTimer
 from ..core.tree import ROOT, TokenTree
 from ..errors import SpecDecError
 
@@ -185,18 +187,41 @@ def rerank(tree: GrownTree, total_tokens: int) -> GrownTree:
     return tree.subset(list(kept))
 
 
+TIMED_STEP_EVERY = 16
+"""The paper's PCT times ``s_d`` and ``s_t`` on one decoding step in this many (a *sampled* step; a generation's
+first step is one), after the calibration of its first ``start``: the means move slowly, and a timed step costs
+device marks and their reading (:class:`~hf_specdec.core.timing.DeviceTimer`), which the other steps skip."""
+
+
 class StepTimer:
     """Running means of s_d (one drafter forward) and s_t (one target verification forward) on this machine.
 
     ``ratio`` is s_d/s_t, PCT's expansion threshold (eq. 5). Until both have been observed it uses the
-    calibration values given to :meth:`calibrate` (or ``initial_ratio``). ``fixed_ratio`` pins it (ablations)."""
+    calibration values given to :meth:`calibrate` (or ``initial_ratio``). ``fixed_ratio`` pins it (ablations).
 
-    def __init__(self, initial_ratio: float = 0.1, fixed_ratio: float | None = None, momentum: float = 0.9):
+    While decoding, :meth:`begin` starts a generation on a device and :meth:`next_step` counts its steps; on a
+    sampled one (one in ``every``, :data:`TIMED_STEP_EVERY`; ``timing`` is then True) the caller marks its timed
+    regions with :meth:`mark` and hands each pair to :meth:`draft_span` / :meth:`target_span`. A pair is read
+    lazily, when ``ratio`` is next needed and the device has passed its end (never waiting for it): until then it
+    stays pending. :meth:`draft` / :meth:`target` add a time in seconds directly."""
+
+    def __init__(
+        self,
+        initial_ratio: float = 0.1,
+        fixed_ratio: float | None = None,
+        momentum: float = 0.9,
+        every: int = TIMED_STEP_EVERY,
+    ):
         self.initial_ratio = initial_ratio
         self.fixed_ratio = fixed_ratio
         self.momentum = momentum
+        self.every = every
         self.s_d: float | None = None
         self.s_t: float | None = None
+        self.timing = False  # whether the current step is a sampled (timed) one
+        self._clock: DeviceTimer | None = None
+        self._step = 0
+        self._spans: list[tuple[Callable[[float], None], object, object]] = []  # (update, start, end) unread
 
     def _update(self, old: float | None, value: float) -> float:
         return value if old is None else self.momentum * old + (1 - self.momentum) * value
@@ -210,10 +235,44 @@ class StepTimer:
     def calibrate(self, s_d: float, s_t: float) -> None:
         self.s_d, self.s_t = s_d, s_t
 
+    def begin(self, device: torch.device | str) -> None:
+        """A generation starts on ``device``: its marks are taken there, its first step is sampled."""
+        self.collect()
+        self._clock, self._step, self.timing = DeviceTimer(device), 0, False
+
+    def next_step(self) -> bool:
+        """Count a decoding step; whether it is sampled (``timing``: one in ``every``, never with ``fixed_ratio``)."""
+        self.timing = self._clock is not None and self.fixed_ratio is None and self._step % self.every == 0
+        self._step += 1
+        return self.timing
+
+    def mark(self) -> object:
+        """A point in the device's queued work (:meth:`DeviceTimer.mark`), for a timed region of a sampled step."""
+        return self._clock.mark()
+
+    def draft_span(self, start: object, end: object) -> None:
+        """A drafter forward ran between marks ``start`` and ``end``: an s_d sample, read lazily."""
+        self._spans.append((self.draft, start, end))
+
+    def target_span(self, start: object, end: object) -> None:
+        """A verification ran between marks ``start`` and ``end``: an s_t sample, read lazily."""
+        self._spans.append((self.target, start, end))
+
+    def collect(self) -> None:
+        """Fold the pending samples the device has finished into the means, in order; never waits for it."""
+        while self._spans:
+            update, start, end = self._spans[0]
+            elapsed = self._clock.elapsed(start, end)
+            if elapsed is None:  # the device has not got there yet (the later ones neither)
+                return
+            update(elapsed)
+            self._spans.pop(0)
+
     @property
     def ratio(self) -> float:
         if self.fixed_ratio is not None:
             return self.fixed_ratio
+        self.collect()
         if self.s_d is None or not self.s_t:
             return self.initial_ratio
         return self.s_d / self.s_t

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core.draft_budget import DraftBudget, DraftGate, measured_drafter_cost, shared_gate
-from ..core.timing import clock, device_of, seconds
+from ..core.timing import seconds
 from ..core.tree import ROOT, TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer
 from ..core.verify_cost import measured_cost
@@ -31,7 +31,8 @@ from .pct import (
 class EddTreeExpander:
     """``pct.Expander`` on an EDD drafter: one EDD forward per call, probabilities over the drafter's vocabulary
     (its reduced draft vocabulary if it has one: ``token_ids`` maps columns to token ids), at the confidence
-    temperature ``temperature`` (default: the drafter's calibrated ``config.confidence_temperature``)."""
+    temperature ``temperature`` (default: the drafter's calibrated ``config.confidence_temperature``). With a
+    ``timer`` on a sampled step (``StepTimer.timing``) the forward is marked as an s_d sample; nothing else is timed."""
 
     def __init__(
         self,
@@ -45,15 +46,16 @@ class EddTreeExpander:
         self.temperature = temperature or getattr(state.edd.config, "confidence_temperature", 1.0)
 
     def expand(self, nodes: list[int], tree: GrownTree) -> torch.Tensor:
-        t0 = clock(self.input_ids.device)
+        timed = self.timer is not None and self.timer.timing
+        start = self.timer.mark() if timed else None
         if nodes == [ROOT]:
             hidden = self.state.root_step(self.input_ids)
         else:
             hidden = self.state.tree_step(nodes, tree)
         edd = self.state.edd
         probs = (edd.draft_logits(hidden).float() / self.temperature).softmax(-1)
-        if self.timer is not None:
-            self.timer.draft(clock(self.input_ids.device) - t0)
+        if timed:
+            self.timer.draft_span(start, self.timer.mark())
         return probs
 
 
@@ -67,7 +69,8 @@ class EddTreeProposer(TreeProposer):
 
     s_d/s_t for PCT: running means of the measured EDD forward time and of the measured verification time
     (from the end of ``propose`` to ``observe``) of this generation loop, seeded by a calibration run in the first
-    ``start`` (a target forward and an EDD forward over a few tokens). ``ratio=`` pins it.
+    ``start`` (a target forward and an EDD forward over a few tokens), then sampled on one step in
+    ``pct.TIMED_STEP_EVERY`` with device marks that are read without a sync (``StepTimer``). ``ratio=`` pins it.
 
     Confidences are ``softmax(logits / T)`` with the drafter's calibrated ``config.confidence_temperature``
     (``trainers/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax).
@@ -116,7 +119,8 @@ class EddTreeProposer(TreeProposer):
         self.budget: DraftBudget | None = cost if isinstance(cost, DraftBudget) else None
         self.calibrated = False
         self.last_tree: GrownTree | None = None
-        self._t_proposed: float | None = None
+        # a sampled step's mark at the end of propose: where its s_t starts
+        self._t_proposed: object | None = None
         self.state: EddDraftState | None = None
         self.gate: DraftGate | None = None
         self._pending: tuple[float, float, int | None] | None = None  # DraftBudget.keep_checked's record
@@ -152,14 +156,15 @@ class EddTreeProposer(TreeProposer):
             self.calibrate(model, input_ids)
         self.state = EddDraftState(self.edd)
         self._t_proposed = None
+        self.timer.begin(input_ids.device)
         self.gate, self._pending = None, None
         if self.builder == "pct" and self.budget is not None:  # measured costs: the gate kept on the drafter
             self.gate = shared_gate(self.edd, model) if self.cost is True else DraftGate()
         self.hidden_layers = (self.edd.config.encoder_layer,)  # the soft prompt's layer: the only one read
 
     def observe(self, feedback: StepFeedback) -> None:
-        if self._t_proposed is not None and self.budget is None:
-            self.timer.target(clock(device_of(self.edd)) - self._t_proposed)
+        if self._t_proposed is not None:
+            self.timer.target_span(self._t_proposed, self.timer.mark())
             self._t_proposed = None
         if self.state.soft_prompt:
             self.state.push_hidden(feedback.hidden_states[self.edd.config.encoder_layer])
@@ -170,13 +175,20 @@ class EddTreeProposer(TreeProposer):
     @torch.no_grad()
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         depth = min(self.depth, max_depth)
-        timer = None if self.budget is not None else self.timer  # no timing under the cost rule
+        timer = self.timer if self.times_steps else None  # s_d / s_t timed only for the paper's PCT
+        if timer is not None:
+            timer.next_step()
         tree = TokenTree.empty(input_ids.device)
         if depth > 0 and (self.gate is None or self.gate.draft_now()):
             self.last_tree = self.grow(self.expander(self.state, input_ids, timer), depth)
             tree = self.last_tree.token_tree(input_ids.device)
-        self._t_proposed = None if timer is None else clock(input_ids.device)
+        self._t_proposed = timer.mark() if timer is not None and timer.timing else None
         return tree
+
+    @property
+    def times_steps(self) -> bool:
+        """Whether decoding samples s_d / s_t: the paper's PCT only (no cost rule, no pinned ratio)."""
+        return self.builder == "pct" and self.budget is None and self.timer.fixed_ratio is None
 
     def expander(
         self, state: EddDraftState, input_ids: torch.Tensor, timer: StepTimer | None = None

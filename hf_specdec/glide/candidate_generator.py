@@ -32,7 +32,7 @@ from ..core.chain_drafting import (
     init_chain_drafting,
     read_draft,
 )
-from ..core.timing import clock
+from ..core.timing import clock, untimed
 
 
 class GlideDraftCache:
@@ -91,8 +91,15 @@ class GlideDraftCache:
 
 
 class GlideCandidateGenerator(CandidateGenerator):
+    """GLIDE's chain of gamma drafts for transformers' assisted loop (module docstring).
+
+    ``draft_time`` (seconds spent in :meth:`get_candidates`) is timed only when ``timed`` is True (set it on the
+    class or an instance): a timed round waits for a CUDA device twice (``core/timing.py``), and the assisted loop
+    has no statistics to ask for it (the bench times the drafter's forwards with ``ForwardMeter`` hooks)."""
+
     requires_model_outputs = True
     model_kwargs_overrides: dict = {}
+    timed: bool = False
 
     def __init__(self, drafter, target, generation_config, logits_processor=None):
         self.drafter = drafter
@@ -107,7 +114,8 @@ class GlideCandidateGenerator(CandidateGenerator):
 
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, **kwargs):
-        t0 = clock(input_ids.device)
+        tick = clock if self.timed else untimed
+        t0 = tick(input_ids.device)
         cur_len = input_ids.shape[1]
         budget = min(self.num_draft_tokens, self.max_length - cur_len - 1)
         target_cache = (model_kwargs or {}).get("past_key_values")
@@ -135,7 +143,7 @@ class GlideCandidateGenerator(CandidateGenerator):
             if token_id in self.eos or not more:
                 break
         chain_drafted(self)
-        self.draft_time += clock(input_ids.device) - t0
+        self.draft_time += tick(input_ids.device) - t0
         candidate_logits = torch.stack(scores, dim=1) if self.do_sample and scores else None
         return sequence, candidate_logits
 

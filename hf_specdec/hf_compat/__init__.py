@@ -1,4 +1,4 @@
-"""Every transformers name hf_specdec uses that is not public API, in one place (issue #18).
+"""Every transformers name hf_specdec uses that is not public API, in one place: this package.
 
 Everything else uses public API only: EOS ids from ``generation_config.eos_token_id``, the attention registries as
 the mappings ``AttentionInterface()`` / ``AttentionMaskInterface()``, ``model.set_attn_implementation`` to switch
@@ -25,9 +25,12 @@ Entries:
   a public setter, ``set_attn_implementation``, but no public getter).
 - ``cache_layers``: the fields of ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` that compacting a cache to an
   accepted tree path rewrites (``keys``, ``values``, ``cumulative_length``); only these exact types are rewritten.
-  :class:`OverallocatedLayer` is a ``DynamicLayer`` whose ``update`` writes into spare capacity instead of
-  concatenating (the continuous-batching corpus loop's cache, :func:`overallocated_cache`); it relies on
-  ``DynamicLayer``'s ``lazy_initialization`` and on ``update`` returning the layer's whole ``(keys, values)``.
+  :class:`OverallocatedLayer` is a ``DynamicLayer`` whose ``update`` writes into a preallocated buffer instead of
+  concatenating (the cache the tree loops verify into when the caller passes none, :func:`overallocate_layers`, and
+  the continuous-batching corpus loop's, :func:`overallocated_cache`); it relies on ``DynamicLayer``'s
+  ``lazy_initialization(key_states, value_states)``, on ``update`` returning the layer's whole ``(keys, values)``,
+  on ``crop`` leaving views of the first entries, and on a ``Cache`` keeping its layers in the list ``layers`` and
+  the class it creates them from in ``layer_class_to_replicate``.
 - ``decoder_layers``: the conventions of transformers' decoder layers that GLIDE builds its layers from
   (``modeling/glide_layers.py``): a layer's submodules ``self_attn``, ``mlp``, ``input_layernorm``,
   ``post_attention_layernorm`` (and Gemma's ``pre_/post_feedforward_layernorm``), an attention module's call
@@ -40,10 +43,19 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerationMixin
 
-from .errors import SpecDecError
+from ..errors import SpecDecError
+from .cache_layers import (
+    CACHE_LAYER_TYPES,
+    CHUNK_ENTRIES,
+    FULL_CACHE_LAYER_TYPES,
+    OverallocatedLayer,
+    overallocate_layers,
+    overallocated_cache,
+    set_layer_entries,
+    truncate_layer,
+)
 
 ENTRIES = (
     "candidate_generator_hook",
@@ -57,6 +69,10 @@ ENTRIES = (
 __all__ = [
     "ENTRIES",
     "CACHE_LAYER_TYPES",
+    "CHUNK_ENTRIES",
+    "FULL_CACHE_LAYER_TYPES",
+    "overallocate_layers",
+    "overallocated_cache",
     "SANDWICH_NORMS",
     "attention_module_call",
     "decoder_layer_parts",
@@ -73,6 +89,10 @@ __all__ = [
     "set_generation_mode_hook",
     "set_candidate_generator_hook",
     "set_layer_entries",
+    "truncate_layer",
+    "OverallocatedLayer",
+    "overallocated_cache",
+    "overallocate_layers",
 ]
 
 # ------------------------------------------------------------------ candidate_generator_hook
@@ -190,74 +210,7 @@ def attn_implementation(model) -> str | None:
     return config._attn_implementation
 
 
-# ------------------------------------------------------------------ cache_layers
-# the entries an OverallocatedLayer reserves beyond what it holds when it reallocates
-SPARE_ENTRIES = 64
-
-
-class OverallocatedLayer(DynamicLayer):
-    """A ``DynamicLayer`` that keeps its entries at the front of a larger buffer, so that ``update`` writes the new
-    entries into spare capacity instead of ``torch.cat``-ing the whole cache: a one-token step then moves one entry
-    per row, not all of them (at 32 rows of 1200 entries the concatenation of keys and values was as long as the
-    attention itself; docs/corpus.md). ``keys`` / ``values`` are views of the buffer's first ``n`` entries, so the
-    layer reads and reports exactly what a ``DynamicLayer`` would, bit for bit.
-
-    Whatever replaces ``keys`` / ``values`` (``set_layer_entries``, ``crop``, ``batch_select_indices``, ...) is safe:
-    when they are no longer a prefix of the buffer, the next ``update`` copies them into a new one. A prefix view
-    (a crop, or ``keys[:, :, :n]`` after an in-place gather) is written after in place, which overwrites only
-    entries the layer no longer holds."""
-
-    _buffer: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def _holds_prefix(self, needed: int) -> bool:
-        if self._buffer is None or self.keys is None or self.keys.dim() != 4:
-            return False
-        same = (
-            t.data_ptr() == b.data_ptr() and t.stride() == b.stride() and t.shape[:2] == b.shape[:2]
-            for t, b in zip((self.keys, self.values), self._buffer)
-        )
-        return all(same) and needed <= self._buffer[0].shape[-2]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        n = self.keys.shape[-2] if self.keys.dim() == 4 else 0
-        end = n + key_states.shape[-2]
-        if not self._holds_prefix(end):
-            capacity = end + SPARE_ENTRIES
-            buffer = []
-            for old, new in ((self.keys, key_states), (self.values, value_states)):
-                b = new.new_empty(*new.shape[:2], capacity, new.shape[-1])
-                if n:
-                    b[:, :, :n] = old
-                buffer.append(b)
-            self._buffer = (buffer[0], buffer[1])
-        keys, values = self._buffer
-        keys[:, :, n:end] = key_states
-        values[:, :, n:end] = value_states
-        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
-        return self.keys, self.values
-
-
-def overallocated_cache() -> DynamicCache:
-    """An empty ``DynamicCache`` whose layers, created as the model fills them, are :class:`OverallocatedLayer`."""
-    cache = DynamicCache()
-    Cache.__init__(cache, layer_class_to_replicate=OverallocatedLayer)
-    return cache
-
-
-FULL_CACHE_LAYER_TYPES = (DynamicLayer, OverallocatedLayer)  # full-attention layers that keep every entry
-# the exact types whose fields we rewrite
-CACHE_LAYER_TYPES = (*FULL_CACHE_LAYER_TYPES, DynamicSlidingWindowLayer)
-
-
-def set_layer_entries(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Replace a dynamic cache layer's entries (the layer then holds ``keys.shape[-2]`` tokens)."""
-    if type(layer) not in CACHE_LAYER_TYPES:
-        raise SpecDecError(f"cannot rewrite a {type(layer).__name__} cache layer (only {CACHE_LAYER_TYPES})")
-    layer.keys, layer.values = keys, values
-    if isinstance(layer, DynamicSlidingWindowLayer):
-        layer.cumulative_length = keys.shape[-2]
+# ------------------------------------------------------------------ cache_layers: hf_compat/cache_layers.py
 
 
 # ------------------------------------------------------------------ decoder_layers
