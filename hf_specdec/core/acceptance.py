@@ -25,7 +25,16 @@ sampling *without replacement* (EAGLE-2, :func:`sample_children`) stores ``q`` r
 earlier siblings. With that, each step outputs a token distributed as ``r`` (induction over siblings), so the
 emitted sequence is distributed exactly as the target's. **Deterministic drafts** (n-gram lookup, a drafter's
 top-k, ``TokenTree.draft_probs is None``) are the degenerate case ``q_i = one_hot(x_i)``: accept with
-probability ``r(x_i)``, else zero ``r(x_i)`` and renormalize — SpecInfer's rule for deterministic trees.
+probability ``r(x_i)``, else zero ``r(x_i)`` and renormalize — SpecInfer's rule for deterministic trees
+(SpecInfer, arXiv:2305.09781 §4.2; Leviathan et al., "Fast Inference from Transformers via Speculative
+Decoding", arXiv:2211.17192, Algorithm 1).
+
+**Levels in tensors.** :func:`accept_tree` decides one tree level per iteration: the processors run once, on the
+current node's path ids (its children share them), and the greedy match or the sibling loop above (a short
+loop of tensor operations over the ``m`` children, their ``m`` uniforms drawn at once, the first accepted child
+found by a masked minimum, the fallback token drawn by an exponential race) produces the level's
+``(child, token)`` on the device. It is read back once per level, or, when no processor keeps state, once per
+step after running every level of the tree (see :func:`accept_tree`).
 """
 
 from __future__ import annotations
@@ -34,10 +43,41 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import LogitsProcessorList
+from transformers.generation import logits_process
 
 from .tree import ROOT, TokenTree
 
 _EPS = 1e-12
+
+#: Processors whose scores for a row depend only on that row's ids and scores and that keep no state between calls
+#: (lazily built constants aside): calling them on ids a plain loop never has changes nothing it later computes.
+_STATELESS: frozenset[type] = frozenset(
+    cls
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "TopHLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "RepetitionPenaltyLogitsProcessor",
+        "NoRepeatNGramLogitsProcessor",
+        "SequenceBiasLogitsProcessor",
+        "NoBadWordsLogitsProcessor",
+        "MinLengthLogitsProcessor",
+        "MinNewTokensLengthLogitsProcessor",
+        "ForcedBOSTokenLogitsProcessor",
+        "ForcedEOSTokenLogitsProcessor",
+        "InfNanRemoveLogitsProcessor",
+        "ExponentialDecayLengthPenalty",
+        "LogitNormalization",
+        "SuppressTokensLogitsProcessor",
+        "SuppressTokensAtBeginLogitsProcessor",
+    )
+    if (cls := getattr(logits_process, name, None)) is not None
+)
 
 
 @dataclass
@@ -65,7 +105,7 @@ def _residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     res = (r - q).clamp_min_(0.0)
     total = res.sum()
     # total == 0 only if r <= q everywhere, i.e. r == q, in which case the child was accepted surely.
-    return res / total if total > _EPS else r
+    return torch.where(total > _EPS, res / total.clamp_min(_EPS), r)
 
 
 def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> TreeAcceptance:
@@ -81,7 +121,7 @@ def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> TreeAcceptance:
     matches = tree.tokens.to(pred.device) == pred[tree.parents.to(pred.device) + 1]
     ancestry = tree.ancestor_mask()[1:, 1:].to(pred.device)  # (n, n): node j is node i or an ancestor of it
     on_path = (~ancestry | matches[None, :]).all(1)  # every node from the root down to i matches
-    depth = torch.tensor(tree.depths, device=pred.device)
+    depth = tree.fed_depths()[1:].to(pred.device)  # counted on the device: no host list copied
     order = torch.arange(n, 0, -1, device=pred.device)  # earlier nodes win ties
     best = torch.where(on_path, depth * (n + 1) + order, torch.zeros_like(depth)).argmax()
     row = torch.where(on_path[best], ancestry[best], torch.zeros_like(on_path))
@@ -92,6 +132,66 @@ def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> TreeAcceptance:
     return TreeAcceptance(nodes, tokens, [logits[f : f + 1].float() for f in fed])
 
 
+def _stateless(logits_processor: LogitsProcessorList) -> bool:
+    """Whether every processor is one of :data:`_STATELESS` (exactly that class: a subclass may keep state)."""
+    return all(type(p) in _STATELESS for p in logits_processor)
+
+
+def _first(accepted: torch.Tensor) -> torch.Tensor:
+    """Index of the first True of ``accepted`` (``(m,)``), ``m`` when there is none; a 0-dim device tensor."""
+    m = accepted.shape[0]
+    slots = torch.arange(m, device=accepted.device)
+    return torch.where(accepted, slots, torch.full_like(slots, m)).min()
+
+
+def _sample(r: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from the distribution ``r`` without a host read: ``argmax r / E`` with ``E_v ~ Exp(1)`` i.i.d.
+    (the exponential race, equivalent to the Gumbel-max trick; tokens with ``r = 0`` are never drawn)."""
+    device = generator.device if generator is not None else r.device
+    race = torch.empty(r.shape, device=device).exponential_(generator=generator).to(r.device)
+    return (r / race).argmax()
+
+
+def _level_greedy(scores: torch.Tensor, kid_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy level: ``(slot, token)``, the first child slot carrying ``argmax scores`` (``m`` = none) and that
+    argmax. Padded slots carry the token ``-1``, which never matches."""
+    target = scores[0].argmax()
+    if kid_tokens.shape[0] == 0:
+        return target.new_zeros(()), target
+    return _first(kid_tokens == target), target
+
+
+def _level_sample(
+    scores: torch.Tensor,
+    kid_tokens: torch.Tensor,
+    q: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampling level (module docstring; SpecInfer arXiv:2305.09781 §4.2): the children's tokens ``x_i``
+    (``kid_tokens``, ``(m,)``, ``-1`` = a padded slot, which is never accepted and leaves ``r`` alone) and their
+    draft rows ``q_i`` (``(m, vocab)``) against ``r = softmax(scores)``. Child ``i`` is accepted when
+    ``u_i q_i(x_i) < r_i(x_i)`` (``u_i`` uniform on [0, 1), i.e. with probability ``min(1, r_i(x_i) / q_i(x_i))``),
+    where ``r_i`` is the residual once ``c_1..c_{i-1}`` were rejected; the first accepted child is taken, else a
+    token is drawn from the last residual. Returns ``(slot, token)`` as 0-dim device tensors, ``slot = m`` when no
+    child was accepted. The residuals are a loop of tensor operations over the ``m`` siblings, nothing is read."""
+    r = torch.softmax(scores[0], dim=-1)
+    m = kid_tokens.shape[0]
+    if m == 0:
+        return kid_tokens.new_zeros(()), _sample(r, generator)
+    device = generator.device if generator is not None else r.device
+    u = torch.rand(m, generator=generator, device=device).to(r.device)
+    valid = kid_tokens >= 0
+    x = kid_tokens.clamp_min(0)
+    qx = q.gather(1, x[:, None])[:, 0]
+    accepted = []
+    for i in range(m):
+        accepted.append(u[i] * qx[i] < r[x[i : i + 1]][0])
+        r = torch.where(valid[i], _residual(r, q[i]), r)
+    slot = _first(torch.stack(accepted) & valid)
+    token = torch.where(slot < m, x.gather(0, slot.clamp_max(m - 1)[None])[0], _sample(r, generator))
+    return slot, token
+
+
 def accept_tree(
     tree: TokenTree,
     logits: torch.Tensor,
@@ -99,53 +199,101 @@ def accept_tree(
     logits_processor: LogitsProcessorList | None = None,
     do_sample: bool = False,
     generator: torch.Generator | None = None,
+    *,
+    one_read: bool | None = None,
 ) -> TreeAcceptance:
     """Walk ``tree`` with the target's ``logits`` (``(1 + n, vocab)``, row 0 = root) after the committed
     ``input_ids`` (``(1, L)``, last token = root). Greedy when ``do_sample`` is False, else lossless tree
-    speculative sampling (see the module docstring)."""
+    speculative sampling (see the module docstring).
+
+    The walk goes one tree level at a time: at the current node the processors run once on its path ids (the ids a
+    plain loop would have there), and all its children are decided by tensor operations (:func:`_level_greedy`,
+    :func:`_level_sample`). Which node is current stays on the device, so the walk needs no host read until the
+    end when it may run every level down to the tree's depth, the levels past the stop being discarded
+    (``one_read``: one host read per step). That calls the processors with ids a plain loop would not have, so it
+    is done only when no processor keeps state between calls (:data:`_STATELESS`). Otherwise the walk reads
+    ``(child, token)`` back once per level and stops where the path ends (at most ``depth + 1`` reads). By default
+    (``one_read=None``) it reads once per step without processors or for greedy decoding with stateless ones, and
+    once per level when sampling on a CPU, where a read costs nothing and a processor call for a level past the
+    stop (a top-p sort over the vocabulary) would be wasted.
+    """
     if not do_sample and not logits_processor:
         return accept_greedy(tree, logits)
-    children: dict[int, list[int]] = {}
+    stateless = not logits_processor or _stateless(logits_processor)
+    if one_read is None:
+        one_read = not logits_processor or (stateless and (not do_sample or logits.device.type != "cpu"))
+    elif one_read and not stateless:
+        raise ValueError("one_read needs logits processors without state (acceptance._STATELESS)")
+    device, n = logits.device, len(tree)
+    # fed row (0 = root, node k = k + 1) -> its children, in node order
+    kids_of: list[list[int]] = [[] for _ in range(n + 1)]
     for i, p in enumerate(tree.parent_list):
-        children.setdefault(p, []).append(i)
-    tokens = tree.token_list if tree.token_list is not None else tree.tokens.tolist()
-    device = logits.device
-    out = TreeAcceptance()
-    ids, node = input_ids, ROOT
-    while True:
-        scores = processed_scores(logits_processor, ids, logits[node + 1])
-        out.scores.append(scores)
-        kids = children.get(node, [])
+        kids_of[p + 1].append(i)
+    # node tokens with a -1 sentinel at the end: index -1 (a padded slot) reads token -1
+    tokens = torch.cat([tree.tokens.to(device), torch.full((1,), -1, dtype=torch.long, device=device)])
+    probs = tree.draft_probs
+
+    def level(scores: torch.Tensor, kids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kid_tokens = tokens[kids]
         if not do_sample:
-            target = int(scores[0].argmax())
-            nxt = next((c for c in kids if tokens[c] == target), None)
+            return _level_greedy(scores, kid_tokens)
+        if probs is None:  # deterministic drafts: q_i = one_hot(x_i)
+            q = torch.zeros(kids.shape[0], logits.shape[-1], device=device)
+            q.scatter_(1, kid_tokens.clamp_min(0)[:, None], 1.0)
         else:
-            r = torch.softmax(scores[0], dim=-1)
-            nxt = None
-            for c in kids:
-                x = tokens[c]
-                q = None if tree.draft_probs is None else tree.draft_probs[c].to(device, torch.float32)
-                qx = 1.0 if q is None else float(q[x])
-                u = float(
-                    torch.rand((), generator=generator, device=generator.device if generator else r.device)
-                )
-                if u < min(1.0, float(r[x]) / qx):
-                    nxt = c
-                    break
-                if q is None:
-                    q = torch.zeros_like(r)
-                    q[x] = 1.0
-                r = _residual(r, q)
-            if nxt is None:
-                target = int(torch.multinomial(r, 1, generator=generator))
-            else:
-                target = tokens[nxt]
-        out.tokens.append(target)
-        if nxt is None:
-            return out
-        out.nodes.append(nxt)
-        ids = torch.cat([ids, ids.new_tensor([[target]])], dim=-1)
-        node = nxt
+            q = probs.index_select(0, kids.clamp_min(0).to(probs.device)).to(device, torch.float32)
+        return _level_sample(scores, kid_tokens, q, generator)
+
+    out = TreeAcceptance()
+    ids = input_ids
+    if not one_read:  # one read per level; the current node is known on the host
+        node = ROOT
+        while True:
+            scores = processed_scores(logits_processor, ids, logits[node + 1])
+            out.scores.append(scores)
+            kids = kids_of[node + 1]
+            slot, token = level(scores, torch.tensor(kids, dtype=torch.long, device=device))
+            slot, token = torch.stack([slot, token]).tolist()  # the level's one host read
+            out.tokens.append(token)
+            if slot == len(kids):
+                return out
+            node = kids[slot]
+            out.nodes.append(node)
+            ids = torch.cat([ids, ids.new_tensor([[token]])], dim=-1)
+
+    width = max(map(len, kids_of))
+    table = torch.tensor(
+        [k + [-1] * (width - len(k)) for k in kids_of], dtype=torch.long, device=device
+    )  # (1 + n, width): each fed row's children, padded with -1
+    depths = [0, *tree.depths]
+    widths = [0] * (tree.max_depth + 1)  # most children of a node at each depth
+    for row, kids in enumerate(kids_of):
+        widths[depths[row]] = max(widths[depths[row]], len(kids))
+    row = torch.zeros(1, dtype=torch.long, device=device)  # fed row of the current node
+    picked, emitted, all_scores = [], [], []
+    for m in widths:
+        scores = processed_scores(logits_processor, ids, logits.index_select(0, row)[0])
+        kids = table.index_select(0, row)[0, :m]
+        slot, token = level(scores, kids)
+        if m:
+            node = torch.where(slot < m, kids.gather(0, slot.clamp_max(m - 1)[None])[0], -1)
+        else:  # a level of leaves: the walk stops here
+            node = torch.full_like(slot, -1)
+        picked.append(node)
+        emitted.append(token)
+        all_scores.append(scores)
+        row = (node + 1)[None]  # past the stop: the root again, whose levels are discarded
+        if logits_processor:
+            ids = torch.cat([ids, token.view(1, 1).to(ids)], dim=-1)
+    packed = torch.stack(picked + emitted).tolist()  # the step's one host read
+    levels = len(widths)
+    for d in range(levels):
+        out.tokens.append(packed[levels + d])
+        out.scores.append(all_scores[d])
+        if packed[d] < 0:
+            break
+        out.nodes.append(packed[d])
+    return out
 
 
 def sample_children(
