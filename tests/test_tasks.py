@@ -1,6 +1,10 @@
 """Task builders: deterministic, non-empty, real text, chat template applied; bad input errors."""
 
 import importlib.util
+import re
+import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +43,33 @@ def test_known_contents():
     assert "def has_close_elements" in edit["source"] and "return False" in edit["source"]
     assert "```python" in edit["prompt"]
     assert all(1500 <= len(s) < 3000 for s in load_task("summarize")["source"])
+
+
+def test_long_edit_is_long_stdlib_code_no_other_task_holds():
+    """long-edit: >= 20 rows of 1000-2500-token code cut verbatim from the running Python's standard library,
+    each id naming the version and module, the four edit instructions in turn, no text shared with another
+    task (the corpus's 13-word bench filter)."""
+    from hf_specdec.trainers.bench_overlap import BenchFilter
+
+    from hf_specdec.tasks import _LEXEMES
+
+    a, b = load_task("long-edit", _Template()), load_task("long-edit", _Template())
+    assert a.to_list() == b.to_list() and len(a) >= 20 and len(set(a["id"])) == len(a)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for row in a:
+        assert row["task"] == "long-edit" and row["source"] in row["prompt"]
+        assert 3000 <= len(row["source"]) <= 12000 and 1000 <= len(_LEXEMES.findall(row["source"])) <= 2400
+        assert len(row["prompt"]) > len(row["source"]) + 50  # the instruction, then the code block
+        prefix, module, name = row["id"].replace(":", "/").rsplit("/", 2)
+        assert prefix == f"long-edit/{version}" and row["source"] in (stdlib / module).read_text("utf-8")
+        assert re.search(rf"^(async def|def|class) {re.escape(name)}\b", row["source"], re.M)
+    instructions = [p.split("<user>")[1].split("\n")[0] for p in a["prompt"]]
+    for start in ("Rename the ", "Rename the variable", "Remove every `#` comment", "Add type hints"):
+        assert any(i.startswith(start) for i in instructions), start
+    other_tasks = [load_task(n) for n in task_names() if n != "long-edit"]
+    others = BenchFilter(t for task in other_tasks for t in [*task["prompt"], *task["source"]])
+    assert not any(others.overlaps(t) for t in a["source"])
 
 
 def test_limit_and_plain_prompt_without_template():
