@@ -8,6 +8,7 @@ One import, one keyword::
                                   # on a SAR-SFT model, e.g. the shipped one: hf_specdec.load_space_model()
     target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide)  # GLIDE + CAPE trees
     target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=...)  # any token-tree proposer
+    hf_specdec.apply_kernels(target)  # CPU: linear layers on oneDNN's prepacked kernels (hf_specdec/kernels.py)
 
 Importing registers the drafters with the Auto classes and installs the hooks into transformers' assisted loop
 (``hf_specdec.core.assisted``: a drafter's own candidate generator; a batch with a drafter runs the batched tree loop).
@@ -23,6 +24,7 @@ from .core.tree import TokenTree
 from .core.tree_decoding import TreeProposer, tree_generate
 from .errors import SpecDecError
 from .glide import glide_cape
+from .kernels import apply_kernels, restore_kernels
 from .pld_plus import pld_plus
 from .space import space_generate as space
 from .space.adapter import load_space_model
@@ -36,11 +38,13 @@ __all__ = [
     "SpecDecError",
     "TokenTree",
     "TreeProposer",
+    "apply_kernels",
     "glide_cape",
     "load_default_target",
     "load_space_model",
     "load_target",
     "pld_plus",
+    "restore_kernels",
     "space",
     "tree_generate",
     "__version__",

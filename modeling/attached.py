@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.checkpoint_errors import checkpoint_error
 from hf_specdec.errors import SpecDecError
+from hf_specdec.kernels import PackedLinear
 from hf_specdec.target import check_fingerprint
 
 _Drafter = TypeVar("_Drafter", bound="TargetAttachedMixin")
@@ -65,9 +66,12 @@ class TargetAttachedMixin:
                 f"{tc.num_hidden_layers} x {tc.hidden_size}; use the target it was trained for"
             )
         self._attach_extra(target)
-        head = target.get_output_embeddings().weight
+        output = target.get_output_embeddings()
+        head = output.weight
         if self.draft_vocab_ids is not None:
             head = head.detach()[self.draft_vocab_ids.to(head.device)].clone()
+        elif isinstance(output, PackedLinear):  # hf_specdec.apply_kernels(target): share its packed head
+            head = output
         self.__dict__["_head"] = head
         self.__dict__["_target"] = target
         return self
@@ -116,7 +120,10 @@ class TargetAttachedMixin:
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits over the draft vocabulary (the full vocabulary unless one was set)."""
         self._require_target()
-        return F.linear(hidden, self.__dict__["_head"].to(hidden.dtype))
+        head = self.__dict__["_head"]
+        if isinstance(head, PackedLinear):  # hf_specdec.apply_kernels
+            return head(hidden)
+        return F.linear(hidden, head.to(hidden.dtype))
 
     def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits -> full-vocabulary logits (``-inf`` for tokens the drafter cannot propose)."""

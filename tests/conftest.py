@@ -9,6 +9,8 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# every test measures the costs it needs: none is read from costs stored by earlier runs (core/cost_store.py)
+os.environ["HF_SPECDEC_COST_STORE"] = "off"
 
 
 def pytest_configure(config):

@@ -39,6 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hf_specdec.fingerprint",
             "hf_specdec.machine",
             "hf_specdec.hf_compat",
+            "hf_specdec.torch_private",
+            "hf_specdec.kernels",
             "hf_specdec.checkpoint_errors",
             "hf_specdec.target",
             "hf_specdec.targets",

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
-
-from .timing import device_of
-from .verify_cost import CostCurve, setting_label
+from ..kernels import kernels_of
+from .cost_store import entry_key, lookup, store
+from .verify_cost import CostCurve, setting_key, setting_label
 
 _ATTR = "_hf_specdec_drafter_cost"
 _GATES = "_hf_specdec_draft_gates"
@@ -106,14 +105,21 @@ class DraftBudget:
 
 def measured_drafter_cost(drafter, target) -> float:
     """``c_d`` of ``drafter`` on ``target`` on this machine (``drafter_cost.drafter_cost``, 9 interleaved samples:
-    about ten target steps on the first decoding step), timed once per dtype, device and thread count and kept on
-    the drafter."""
+    about ten target steps on the first decoding step), timed once per dtype, device, threads and kernels on a
+    machine (``cost_store.py`` keeps it on disk for later processes) and kept on the drafter."""
     from .drafter_cost import drafter_cost
 
-    key = (str(target.dtype), str(device_of(target)), torch.get_num_threads())
+    key = setting_key(target)
+    if kernels_of(drafter) != key[3]:  # the drafter's own layers on other kernels than the target's
+        key = (*key[:3], f"target {key[3]}, drafter {kernels_of(drafter)}")
     cache = drafter.__dict__.setdefault(_ATTR, {})
     if key not in cache:
-        cache[key] = drafter_cost(drafter, target, repeats=9)
+        stored = entry_key("drafter", [drafter, target], key)
+        c = lookup(stored)
+        if not isinstance(c, float):
+            c = drafter_cost(drafter, target, repeats=9)
+            store(stored, c)
+        cache[key] = c
     return cache[key]
 
 
@@ -269,5 +275,5 @@ def shared_gate(owner, target) -> DraftGate:
     """The :class:`DraftGate` kept on ``owner`` (a drafter, or SPACE's model) for ``target``'s dtype, device and
     thread count, as its measured costs are: one per machine setting, carried from one generation to the next. In a
     batch every row's proposer shares it (their outcomes pool; a probe comes ``rows`` times as often)."""
-    key = (str(target.dtype), str(device_of(target)), torch.get_num_threads())
+    key = setting_key(target)
     return owner.__dict__.setdefault(_GATES, {}).setdefault(key, DraftGate())

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import kernels_of
+from .cost_store import entry_key, lookup, store
 from .timing import device_of, median, seconds
 
 # query lengths timed; c(q) in between is linear interpolation, beyond is extrapolation. 2 and 3 are timed: on a
@@ -86,26 +88,39 @@ class CostCurve:
 
 
 def measured_cost(model, context: torch.Tensor, repeats: int = 5, batch: int = 1) -> CostCurve:
-    """The model's :class:`CostCurve` on this machine (timed once per dtype/device/threads/batch, then cached).
+    """The model's :class:`CostCurve` on this machine: timed once per model, dtype, device, threads, kernels and
+    batch on a machine (``cost_store.py`` keeps it on disk for later processes), then kept on the model.
     ``batch``: the curve of a batch of that many rows, ``t_B(q) / t_B(1)`` (every row verifying ``q`` tokens).
 
     ``repeats``: 5 interleaved samples. Five processes each (SmolLM2-135M, fp32, AMD EPYC Zen 1, 2 threads) spread
     c(2), c(3), c(4) over 8%, 21%, 8% of their value with 3 samples, 4%, 5%, 5% with 5 (2%, 3%, 5% with 15); a
     sample there costs ~14 one-token forwards (1.4 s)."""
-    device = next(model.parameters()).device
-    key = (str(model.dtype), str(device), torch.get_num_threads()) + ((batch,) if batch > 1 else ())
+    key = setting_key(model) + ((batch,) if batch > 1 else ())
     cache = model.__dict__.setdefault(_ATTR, {})
     if key not in cache:
-        cache[key] = CostCurve(forward_times(model, context[-64:], SIZES, repeats, batch))
+        stored = entry_key("verify", [model], key)
+        times = lookup(stored)
+        if not isinstance(times, dict):
+            times = forward_times(model, context[-64:], SIZES, repeats, batch)
+            store(stored, {str(q): t for q, t in times.items()})
+        cache[key] = CostCurve({int(q): float(t) for q, t in times.items()})
     return cache[key]
+
+
+def setting_key(model) -> tuple:
+    """What a measured cost of ``model`` depends on besides the model: its dtype, device, the thread count and
+    the kernels its linear layers run (``hf_specdec.kernels``)."""
+    return (str(model.dtype), str(device_of(model)), torch.get_num_threads(), kernels_of(model))
 
 
 def setting_label(key: tuple) -> str:
     """A cache key of :func:`measured_cost` (or ``draft_budget.measured_drafter_cost``) as text:
-    ``"torch.bfloat16, cpu, 2 threads"`` (``", batch 4"`` for a batch's curve)."""
-    dtype, device, threads, *batch = key
+    ``"torch.bfloat16, cpu, 2 threads"`` (``", onednn kernels"`` after ``apply_kernels``, ``", batch 4"`` for a
+    batch's curve)."""
+    dtype, device, threads, kernels, *batch = key
     threads = f"{threads} thread" + ("s" if threads != 1 else "")
-    return f"{dtype}, {device}, {threads}" + (f", batch {batch[0]}" if batch else "")
+    label = f"{dtype}, {device}, {threads}" + (f", {kernels} kernels" if kernels != "stock" else "")
+    return label + (f", batch {batch[0]}" if batch else "")
 
 
 def cached_curves(model) -> dict[str, CostCurve]:

@@ -1,0 +1,292 @@
+"""CPU kernels that make a verification forward cost what the machine allows: ``apply_kernels(model)``.
+
+Speculative decoding pays when a forward over ``q`` tokens costs about one forward over one token (the cost curve
+``c(q)``, ``core/verify_cost.py``). On x86 CPUs PyTorch's default linear layer calls a BLAS ``gemm`` that is tuned
+for large matrices: in fp32 a 2-row product can cost twice a 1-row one, so ``c(2)`` is far above 1 and drafting
+does not pay. oneDNN's linear on a weight reordered once into its blocked layout (what inductor's CPU weight
+prepacking and Intel's extension for PyTorch run) costs nearly the same for 1 to 16 rows and is faster at 1 row
+too. :func:`apply_kernels` swaps a model's ``nn.Linear`` layers for :class:`PackedLinear` layers in place::
+
+    model = AutoModelForCausalLM.from_pretrained(...)
+    report = hf_specdec.apply_kernels(model)          # and apply_kernels(drafter) for a GLIDE / EDD drafter
+    print(report)                                     # what was packed, and the timings that decided it
+    model.generate(...)                               # plain generate and every method now run the same kernels
+
+Each distinct layer shape is timed both ways at the verification sizes :data:`ROWS` on the machine at hand and
+packed only where oneDNN is faster in sum; where it is nowhere faster (or the model is not on the CPU, or torch has
+no oneDNN) nothing changes and the report says why. Packing replaces each weight by its reordered copy one layer
+at a time, so no second copy of the model is ever held; a weight that another module shares (a tied LM head, whose
+matrix is also the input embedding) keeps its dense tensor for the other user and adds its packed copy. The packed
+layers are for inference: a forward that needs gradients is refused, ``state_dict`` / ``save_pretrained`` write the
+dense weights, and :func:`restore_kernels` puts ``nn.Linear`` layers back. The oneDNN ops are torch's private
+names, kept in ``torch_private.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .torch_private import (
+    mkldnn_linear_available,
+    pack_linear_weight,
+    packed_linear,
+    unpack_linear_weight,
+)
+from .errors import SpecDecError
+
+logger = logging.getLogger(__name__)
+
+KERNELS = ("stock", "onednn")  # what --kernels takes: PyTorch's default linear, oneDNN's prepacked one
+ROWS = (1, 2, 4, 8, 16)  # rows a linear is timed at: a plain step, and the verification sizes of drafts
+_ATTR = "_hf_specdec_kernels"
+
+
+def kernels_of(model: nn.Module) -> str:
+    """The kernels ``model`` runs: ``"onednn"`` after :func:`apply_kernels` packed any layer, else ``"stock"``."""
+    return model.__dict__.get(_ATTR, "stock")
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` on a weight in oneDNN's blocked layout (``torch_private.pack_linear_weight``).
+
+    ``shared``: the dense weight, kept when another module uses the same matrix (a tied LM head); otherwise the
+    only copy of the weight is the packed one and :attr:`weight` unpacks it on demand."""
+
+    def __init__(self, linear: nn.Linear, shared: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = pack_linear_weight(linear.weight)
+        self.bias = linear.bias
+        # a plain attribute, not a registered parameter: the module that shares it owns (and converts) it
+        self.__dict__["shared"] = linear.weight if shared else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dense ``(out, in)`` weight: the shared tensor, or the packed one unpacked (a new tensor)."""
+        if self.shared is not None:
+            return self.shared
+        return unpack_linear_weight(self.packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise SpecDecError(
+                "hf_specdec's packed CPU kernels are for inference (no gradients): run the model under "
+                "torch.no_grad() (generate does), or call hf_specdec.restore_kernels(model) before training"
+            )
+        return packed_linear(x, self.packed, self.bias)
+
+    def _apply(self, fn, recurse: bool = True):
+        dense = fn(unpack_linear_weight(self.packed))
+        if dense.device.type != "cpu":
+            raise SpecDecError(
+                f"packed CPU kernels cannot move to {dense.device}: call hf_specdec.restore_kernels(model) first"
+            )
+        self.packed = pack_linear_weight(dense)
+        return super()._apply(fn, recurse)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        weight = self.weight
+        destination[prefix + "weight"] = weight if keep_vars else weight.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.pop(prefix + "weight", None)
+        if weight is not None:
+            self.packed = pack_linear_weight(weight.to(self.packed.dtype))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def to_linear(self) -> nn.Linear:
+        """An ``nn.Linear`` with this layer's dense weight (the shared tensor itself, if any) and bias."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        weight = self.shared if self.shared is not None else nn.Parameter(self.weight, requires_grad=False)
+        linear.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight)
+        linear.bias = self.bias
+        return linear
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+@dataclass
+class ShapeTiming:
+    """One layer shape's best milliseconds per call by rows, PyTorch's default linear against oneDNN's."""
+
+    shape: tuple[int, int]
+    layers: int
+    stock_ms: dict[int, float]
+    onednn_ms: dict[int, float]
+
+    @property
+    def packed(self) -> bool:
+        return sum(self.onednn_ms.values()) < sum(self.stock_ms.values())
+
+
+@dataclass
+class KernelReport:
+    """What :func:`apply_kernels` did: ``kernels`` in force, the layers packed, and why where it did nothing."""
+
+    kernels: str
+    reason: str = ""
+    packed_layers: int = 0
+    linear_layers: int = 0
+    extra_bytes: int = 0
+    shapes: list[ShapeTiming] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if self.kernels == "stock":
+            return f"kernels: stock ({self.reason})" if self.reason else "kernels: stock"
+        lines = [
+            f"kernels: onednn, {self.packed_layers} of {self.linear_layers} linear layers packed"
+            + (f" (+{self.extra_bytes / 2**20:.0f} MiB for shared weights)" if self.extra_bytes else "")
+        ]
+        for s in self.shapes:
+            ratio = ", ".join(f"{r}: {s.stock_ms[r]:.3f}/{s.onednn_ms[r]:.3f}" for r in sorted(s.stock_ms))
+            lines.append(
+                f"  {s.shape[0]}->{s.shape[1]} x{s.layers}: {'packed' if s.packed else 'kept'} "
+                f"(ms stock/onednn by rows {ratio})"
+            )
+        return "\n".join(lines)
+
+
+def _best_ms(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` calls, in ms: what the kernel costs, without the machine's other load."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def time_shape(
+    weight: torch.Tensor, bias: torch.Tensor | None, rows=ROWS, repeats: int = 5
+) -> tuple[dict, dict]:
+    """Best milliseconds of ``F.linear`` and of the packed linear with ``weight`` at each number of ``rows``,
+    interleaved (the CPU's drift hits both alike). CPU only: the clock needs no device sync."""
+    packed = pack_linear_weight(weight)
+    stock, onednn = {}, {}
+    for r in rows:
+        x = torch.randn(r, weight.shape[1], dtype=weight.dtype)
+        stock[r] = _best_ms(lambda x=x: F.linear(x, weight, bias), repeats)
+        onednn[r] = _best_ms(lambda x=x: packed_linear(x, packed, bias), repeats)
+    return stock, onednn
+
+
+def _unavailable(model: nn.Module) -> str:
+    """Why oneDNN kernels cannot run ``model`` here ("" if they can)."""
+    params = list(model.parameters())
+    if not params:
+        return "the model has no parameters"
+    device, dtype = params[0].device, params[0].dtype
+    if device.type != "cpu":
+        return f"the model is on {device}; the packed kernels are for the CPU"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"{dtype} is not packed (fp32 and bf16 are)"
+    if not mkldnn_linear_available():
+        return "this torch build has no oneDNN linear"
+    return ""
+
+
+@torch.no_grad()
+def apply_kernels(
+    model: nn.Module, kernels: str = "onednn", rows=ROWS, repeats: int = 5, measure: bool = True
+) -> KernelReport:
+    """Run ``model``'s linear layers on ``kernels`` (:data:`KERNELS`), in place; returns what was done.
+
+    ``"onednn"``: every ``nn.Linear`` whose shape runs faster packed on this machine (timed at ``rows``, the sum
+    decides; ``measure=False`` packs every shape untimed) becomes a :class:`PackedLinear`; an hf_specdec drafter's
+    LM head (the target's matrix, or its draft vocabulary's rows) is packed the same way. ``"stock"``:
+    :func:`restore_kernels`. Layers packed already stay as they are."""
+    if kernels not in KERNELS:
+        raise SpecDecError(f"kernels={kernels!r}: expected one of {', '.join(KERNELS)}")
+    if kernels == "stock":
+        restore_kernels(model)
+        return KernelReport("stock")
+    reason = _unavailable(model)
+    if reason:
+        logger.warning("hf_specdec.apply_kernels: nothing changed: %s", reason)
+        return KernelReport("stock", reason)
+    linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    head = _drafter_head(model)
+    uses: dict[int, int] = {}  # data_ptr -> parameters on it: a weight with more than one user is shared
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[p.data_ptr()] = uses.get(p.data_ptr(), 0) + 1
+    by_shape: dict[tuple, list[tuple[str, nn.Linear]]] = {}
+    for name, m in linears:
+        by_shape.setdefault((m.in_features, m.out_features, m.bias is not None), []).append((name, m))
+    if head is not None:
+        by_shape.setdefault((head.shape[1], head.shape[0], False), [])
+    report = KernelReport("onednn", linear_layers=len(linears) + (head is not None))
+    packed_shapes = set()
+    for (n_in, n_out, has_bias), members in by_shape.items():
+        weight = members[0][1].weight if members else head
+        bias = members[0][1].bias if members and has_bias else None
+        if measure:
+            stock, onednn = time_shape(
+                weight.detach(), None if bias is None else bias.detach(), rows, repeats
+            )
+        else:
+            stock, onednn = {r: 1.0 for r in rows}, {r: 0.0 for r in rows}
+        count = len(members) + (head is not None and (n_in, n_out) == (head.shape[1], head.shape[0]))
+        timing = ShapeTiming((n_in, n_out), count, stock, onednn)
+        report.shapes.append(timing)
+        if timing.packed:
+            packed_shapes.add((n_in, n_out, has_bias))
+    for name, m in linears:
+        if (m.in_features, m.out_features, m.bias is not None) not in packed_shapes:
+            continue
+        shared = uses.get(m.weight.data_ptr(), 0) > 1
+        model.set_submodule(name, PackedLinear(m, shared=shared))
+        report.packed_layers += 1
+        report.extra_bytes += m.weight.numel() * m.weight.element_size() if shared else 0
+    if head is not None and (head.shape[1], head.shape[0], False) in packed_shapes:
+        report.extra_bytes += _pack_drafter_head(model, head)
+        report.packed_layers += 1
+    if report.packed_layers:
+        model.__dict__[_ATTR] = "onednn"
+    else:
+        report.kernels, report.reason = "stock", "oneDNN was not faster for any layer shape on this machine"
+        logger.warning("hf_specdec.apply_kernels: nothing changed: %s", report.reason)
+    return report
+
+
+def _drafter_head(model: nn.Module) -> torch.Tensor | None:
+    """An attached hf_specdec drafter's dense LM head (``modeling/attached.py``'s ``_head``), else ``None``."""
+    head = model.__dict__.get("_head")
+    return head if isinstance(head, torch.Tensor) else None
+
+
+def _pack_drafter_head(model: nn.Module, head: torch.Tensor) -> int:
+    """Replace a drafter's dense head by a packed one (the target's own packed head when it is the same matrix);
+    returns the bytes it adds."""
+    target = getattr(model, "target", None)
+    target_head = target.get_output_embeddings() if target is not None else None
+    if isinstance(target_head, PackedLinear) and target_head.weight.data_ptr() == head.data_ptr():
+        model.__dict__["_head"] = target_head
+        return 0
+    linear = nn.Linear(head.shape[1], head.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(head, requires_grad=False)
+    is_target_matrix = target_head is not None and target_head.weight.data_ptr() == head.data_ptr()
+    model.__dict__["_head"] = PackedLinear(linear, shared=is_target_matrix)
+    return head.numel() * head.element_size() if is_target_matrix else 0
+
+
+def restore_kernels(model: nn.Module) -> nn.Module:
+    """Put ``nn.Linear`` layers back for every :class:`PackedLinear` of ``model`` (and a drafter's packed head)."""
+    for name, m in list(model.named_modules()):
+        if isinstance(m, PackedLinear):
+            model.set_submodule(name, m.to_linear())
+    head = model.__dict__.get("_head")
+    if isinstance(head, PackedLinear):
+        model.__dict__["_head"] = head.weight
+    model.__dict__.pop(_ATTR, None)
+    return model

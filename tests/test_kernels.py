@@ -1,0 +1,150 @@
+"""hf_specdec.apply_kernels (hf_specdec/kernels.py): oneDNN's prepacked linear layers change no output, keep no
+second copy of a weight, save what the user saves, and every method stays token-identical to plain generate of the
+packed model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_specdec.modeling import GlideConfig, GlideForCausalLM
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+import hf_specdec
+from hf_specdec.core.verify_cost import measured_cost
+from hf_specdec.errors import SpecDecError
+from hf_specdec.kernels import PackedLinear, kernels_of
+
+from .conftest import tiny_llama
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
+)
+
+
+def _prompt(seed: int = 0, n: int = 6) -> torch.Tensor:
+    return torch.randint(3, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _glide(target) -> GlideForCausalLM:
+    torch.manual_seed(0)
+    d = GlideForCausalLM(GlideConfig.for_target(target)).attach_target(target).eval()
+    d.init_from_target(target)
+    for layer in d.layers:
+        if hasattr(layer, "cross_attn"):
+            nn.init.normal_(layer.cross_attn.o_proj.weight, std=0.05)
+    return d
+
+
+def test_packed_layers_give_the_same_logits_and_restore_exactly():
+    model = tiny_llama().eval()
+    dense = {k: v.clone() for k, v in model.state_dict().items()}
+    x = _prompt(n=9)
+    with torch.no_grad():
+        ref = model(x).logits
+    report = hf_specdec.apply_kernels(model, measure=False)
+    n_linear = sum(isinstance(m, PackedLinear) for m in model.modules())
+    assert report.kernels == "onednn" and report.packed_layers == n_linear == report.linear_layers > 0
+    assert kernels_of(model) == "onednn" and not any(type(m) is nn.Linear for m in model.modules())
+    with torch.no_grad():
+        got = model(x).logits
+    assert torch.allclose(got, ref, atol=1e-5) and torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert set(model.state_dict()) == set(dense)  # state_dict writes the dense weights, under the same names
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in dense.items())
+    hf_specdec.restore_kernels(model)
+    assert kernels_of(model) == "stock" and not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in dense.items())
+
+
+def test_a_tied_head_keeps_one_dense_matrix_and_saves_round_trip(tmp_path):
+    model = tiny_llama(tie_word_embeddings=True).eval()
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    x = _prompt(n=7)
+    with torch.no_grad():
+        ref = model(x).logits
+    report = hf_specdec.apply_kernels(model, measure=False)
+    head = model.get_output_embeddings()
+    assert isinstance(head, PackedLinear) and head.weight is model.get_input_embeddings().weight
+    assert (
+        report.extra_bytes == head.weight.numel() * head.weight.element_size()
+    )  # only the shared head's copy
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(x).logits, ref, atol=1e-5)
+    hf_specdec.restore_kernels(model)
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # tied again
+
+
+def test_plain_generate_and_every_method_agree_on_the_packed_model():
+    target = tiny_llama(tie_word_embeddings=True).eval()
+    glide = _glide(target)
+    prompts = [_prompt(s, 5 + s) for s in range(2)]
+    stock = [target.generate(p, max_new_tokens=20, do_sample=False) for p in prompts]
+    hf_specdec.apply_kernels(target, measure=False)
+    hf_specdec.apply_kernels(glide, measure=False)
+    assert glide.__dict__["_head"] is target.get_output_embeddings()  # the drafter shares the packed head
+    for p, s in zip(prompts, stock):
+        ref = target.generate(p, max_new_tokens=20, do_sample=False)
+        assert torch.equal(ref, s)
+        for kw in (
+            dict(custom_generate=hf_specdec.pld_plus),
+            dict(custom_generate=hf_specdec.glide_cape, drafter=glide, cape_cost=False),
+            dict(assistant_model=glide),
+        ):
+            out = target.generate(p, max_new_tokens=20, do_sample=False, **kw)
+            assert torch.equal(out, ref), kw
+
+
+def test_a_packed_model_refuses_gradients_and_a_move_off_the_cpu():
+    model = tiny_llama()
+    hf_specdec.apply_kernels(model, measure=False)
+    with pytest.raises(SpecDecError, match="restore_kernels"):
+        model(_prompt())  # grad mode on and the embedding needs a gradient
+    model.to(torch.float32)  # same device: repacked
+    with torch.no_grad():
+        model(_prompt())
+
+
+def test_nothing_changes_where_the_kernels_cannot_run():
+    model = tiny_llama().to(torch.float16)
+    report = hf_specdec.apply_kernels(model)
+    assert report.kernels == "stock" and "float16" in report.reason
+    assert kernels_of(model) == "stock" and not any(isinstance(m, PackedLinear) for m in model.modules())
+    with pytest.raises(SpecDecError, match="stock, onednn"):
+        hf_specdec.apply_kernels(model, "mkl")
+
+
+def test_measured_costs_are_kept_per_kernels():
+    model = tiny_llama().eval()
+    context = _prompt(n=12)[0]
+    stock = measured_cost(model, context, repeats=1)
+    hf_specdec.apply_kernels(model, measure=False)
+    packed = measured_cost(model, context, repeats=1)
+    assert packed is not stock and measured_cost(model, context, repeats=1) is packed
+    assert any("onednn kernels" in label for label in hf_specdec.core.verify_cost.cached_curves(model))
+
+
+def test_the_timed_decision_keeps_a_shape_that_is_not_faster(monkeypatch):
+    from hf_specdec import kernels
+
+    monkeypatch.setattr(kernels, "time_shape", lambda *a, **k: ({1: 1.0}, {1: 2.0}))
+    model = tiny_llama()
+    report = hf_specdec.apply_kernels(model)
+    assert report.kernels == "stock" and "not faster" in report.reason and report.packed_layers == 0
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+@pytest.mark.real
+def test_the_default_target_on_packed_kernels_decodes_as_on_stock_ones(real_target):
+    import copy
+
+    model, tok = real_target
+    packed = copy.deepcopy(model)
+    report = hf_specdec.apply_kernels(packed, measure=False)
+    assert report.packed_layers == report.linear_layers
+    prompt = tok("def fibonacci(n):", return_tensors="pt").input_ids
+    ref = model.generate(prompt, max_new_tokens=32, do_sample=False)
+    assert torch.equal(packed.generate(prompt, max_new_tokens=32, do_sample=False), ref)
+    out = packed.generate(prompt, max_new_tokens=32, do_sample=False, custom_generate=hf_specdec.pld_plus)
+    assert torch.equal(out, ref)
