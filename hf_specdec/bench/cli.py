@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SpecDecError
+from ..kernels import KERNELS
 from ..options import TIE_TOL_BY_DTYPE, add_model_arguments
 
 
@@ -77,6 +78,21 @@ def add_parser(sub) -> None:
         help="sample at this temperature (top-k/top-p off; batch 1; seeded per prompt with --seed) instead of greedy: "
         "speed and tau under sampling, whose losslessness the distribution tests check",
     )
+    p.add_argument(
+        "--kernels",
+        choices=list(KERNELS),
+        default="stock",
+        help="the linear-layer kernels every model of the run uses (hf_specdec.apply_kernels): stock (PyTorch's "
+        "default) or onednn (weights prepacked for oneDNN, CPU); with onednn the run also times `ar-stock`, plain "
+        "generate of a second copy of the target on stock kernels, and reports speedups over it",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="no warm-up generation: each method's first timed call is its first call in this process (what a "
+        "script that makes one call sees; one plain forward runs first, so torch's own first-call set-up is "
+        "nobody's); the report adds each method's speedup on the first prompt",
+    )
     p.add_argument("--seed", type=int, default=0, help="with --temperature: prompt i is seeded with seed + i")
     p.add_argument("--out", default="bench-out", help="output folder")
     p.add_argument("--list", action="store_true", help="list the available methods and tasks, then exit")
@@ -117,6 +133,8 @@ def run(args) -> int:
         check_rows=args.check_rows,
         temperature=args.temperature,
         seed=args.seed,
+        kernels=args.kernels,
+        cold=args.cold,
     )
     from .report import report_markdown
 

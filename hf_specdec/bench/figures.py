@@ -6,6 +6,7 @@ that fill the records are ``core/stats.ForwardMeter`` / ``DrafterMeter`` and ``c
 
 from __future__ import annotations
 
+from hf_specdec.core.lossless import compare_outputs
 from hf_specdec.core.timing import median
 
 
@@ -116,3 +117,25 @@ def aggregate(
         ],
         "failures": [{"id": r["id"], "reason": r["reason"]} for r in rows if not r["lossless"]],
     }
+
+
+def row_verdict(target, prompt, batched_ref, alone_ref, tokens, tie_tol) -> dict:
+    """A row's losslessness: against batched ``ar``'s row, and (``alone_ref`` not None) against ``ar`` on the row
+    alone. Lossless if it is lossless against either (both are plain greedy ``generate`` of that row); ``identical``
+    and ``first_diff`` / ``gap`` / ``reason`` are against batched ``ar`` unless only the row-alone check passed."""
+    v = compare_outputs(target, prompt, batched_ref, tokens, tie_tol)
+    rec = {"identical": v.identical, "lossless": v.lossless, "first_diff": v.first_diff, "gap": v.gap}
+    rec["reason"] = v.reason
+    if alone_ref is None:
+        return rec
+    va = compare_outputs(target, prompt, alone_ref, tokens, tie_tol)
+    rec.update(row_alone_identical=va.identical, row_alone_lossless=va.lossless)
+    if not v.lossless:
+        if va.lossless:
+            rec.update(lossless=True, first_diff=va.first_diff, gap=va.gap)
+            rec["reason"] = (
+                f"equals ar on the row alone ({va.reason or 'identical'}); vs batched ar: {v.reason}"
+            )
+        else:
+            rec["reason"] = f"vs batched ar: {v.reason}; vs ar on the row alone: {va.reason}"
+    return rec

@@ -16,15 +16,24 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.batch_io import left_pad, pad_token_id
-from ..core.lossless import DEFAULT_TIE_TOL, compare_outputs
+from ..core.lossless import DEFAULT_TIE_TOL
 from ..core.stats import DecodeStats
 from ..core.timing import clock
 from ..errors import SpecDecError
+from ..kernels import KERNELS
 from ..machine import describe_machine, resolve_auto_dtype
 from ..space.adapter import load_model
 from ..target import resolve_dtype
 from ..tasks import load_task
-from .figures import aggregate, measure_drafter_costs, one_token_forward, sizing_costs, step_split
+from .figures import (
+    aggregate,
+    measure_drafter_costs,
+    one_token_forward,
+    row_verdict,
+    sizing_costs,
+    step_split,
+)
+from .kernel_runs import STOCK, add_stock_speedups, apply_run_kernels, first_call_speedups
 from .method_options import check_read, option_strings
 from .methods import BenchContext, get_method, metered, run_row, sampling
 from .own_models import OwnModels, setup_runners
@@ -85,6 +94,8 @@ def run_bench(
     check_rows: bool | None = None,
     temperature: float | None = None,
     seed: int = 0,
+    kernels: str = "stock",
+    cold: bool = False,
 ) -> dict:
     """Run the benchmark and write its outputs under ``out``; returns the results dict.
 
@@ -94,6 +105,10 @@ def run_bench(
     when B > 1) also runs ``ar`` on every row alone, untimed, and compares each method's rows with it too.
     ``temperature`` T: every method samples at T (batch 1; each generation seeded with ``seed`` + prompt index):
     speed and tau under sampling; its losslessness is the distribution tests' (``lossless`` is ``None`` here).
+    ``kernels``: what every model of the run (target, drafters, a method's own model) runs
+    (``hf_specdec.apply_kernels``); other than ``"stock"``, the run also times ``ar-stock`` (:data:`STOCK`), plain
+    ``generate`` of a second copy of the target on stock kernels, and reports each method's ``speedup_vs_stock``.
+    ``cold``: no warm-up generation (one plain forward only), so the first prompt times each method's first call.
     """
     if limit < 1:
         raise SpecDecError(f"--limit must be at least 1 (got {limit})")
@@ -105,7 +120,11 @@ def run_bench(
     if max_new_tokens < 1:
         raise SpecDecError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     requested_dtype, dtype = dtype, resolve_auto_dtype(dtype)  # the machine decides "auto" (fp32 or bf16)
-    names = [REFERENCE] + [m for m in dict.fromkeys(methods) if m != REFERENCE]
+    if kernels not in KERNELS:
+        raise SpecDecError(f"--kernels {kernels}: expected one of {', '.join(KERNELS)}")
+    names = [REFERENCE] + [m for m in dict.fromkeys(methods) if m not in (REFERENCE, STOCK)]
+    if kernels != "stock":
+        names.insert(1, STOCK)
     classes = [get_method(n) for n in names]  # unknown names fail here, before any loading
     datasets = {t: load_task(t, None, limit) for t in tasks}  # unknown tasks / missing packages fail early
     target, tokenizer = load_model(model, dtype, gguf_file=gguf_file)
@@ -113,14 +132,22 @@ def run_bench(
     tie_tol = DEFAULT_TIE_TOL.get(torch_dtype) if tie_tol is None else tie_tol
     ctx = BenchContext(target, tokenizer, dtype, option_strings(options), model_name=model)
     runners = setup_runners(names, classes, ctx)  # a method --model cannot serve fails here
+    kernel_reports = {}
+    if kernels != "stock":
+        runners[STOCK].model = load_model(model, dtype, gguf_file=gguf_file)[0]  # the stock copy it times
+        kernel_reports = apply_run_kernels(runners, target, kernels)
     own = OwnModels(runners, target, ctx)
 
     datasets = {t: load_task(t, tokenizer, limit) for t in tasks}
     # Warm-up: one short generation per method so lazy initialisation is not timed.
     warm = tokenizer(next(iter(datasets.values()))[0]["prompt"], return_tensors="pt").input_ids
     warm = warm.to(target.device)
-    for runner in runners.values():
-        runner.generate(warm, 8)
+    if cold:
+        with torch.no_grad():
+            target(warm)
+    else:
+        for runner in runners.values():
+            runner.generate(warm, 8)
     check_read(ctx.options, names)  # every option was asked for, by setup or the warm-up, before any timing
     drafter_costs = measure_drafter_costs(runners, target)
 
@@ -141,6 +168,8 @@ def run_bench(
                 own,
                 temperature and seed,
             )
+    add_stock_speedups(runs)
+    first_calls = first_call_speedups(per_prompt, names, tasks[0]) if cold else None
     results = {
         "command": command or "",
         "config": {
@@ -149,6 +178,9 @@ def run_bench(
             **({"gguf_file": gguf_file} if gguf_file else {}),
             "dtype": dtype,
             "dtype_requested": requested_dtype,
+            "kernels": kernels,
+            "cold": cold,
+            **({"kernel_reports": kernel_reports} if kernel_reports else {}),
             "limit": limit,
             "max_new_tokens": max_new_tokens,
             "batch_size": batch_size,
@@ -166,6 +198,7 @@ def run_bench(
         "runs": runs,
         "drafter_cost": drafter_costs,
         "sizing_costs": sizing_costs(runners, target),
+        **({"first_call_speedup": first_calls} if cold else {}),
         "per_prompt": per_prompt,
         **({"per_batch": per_batch} if batch_size > 1 else {}),
     }
@@ -227,34 +260,6 @@ def _bench_prompts(runners, names, datasets, target, tokenizer, max_new_tokens, 
     return runs, {f"{m}/{t}": r for (m, t), r in records.items()}
 
 
-def _row_verdict(target, prompt, batched_ref, alone_ref, tokens, tie_tol) -> dict:
-    """A row's losslessness: against batched ``ar``'s row, and (``alone_ref`` not None) against ``ar`` on the row
-    alone. Lossless if it is lossless against either (both are plain greedy ``generate`` of that row); ``identical``
-    and ``first_diff`` / ``gap`` / ``reason`` are against batched ``ar`` unless only the row-alone check passed."""
-    v = compare_outputs(target, prompt, batched_ref, tokens, tie_tol)
-    rec = {"identical": v.identical, "lossless": v.lossless, "first_diff": v.first_diff, "gap": v.gap}
-    rec["reason"] = v.reason
-    if alone_ref is None:
-        return rec
-    va = compare_outputs(target, prompt, alone_ref, tokens, tie_tol)
-    rec.update(row_alone_identical=va.identical, row_alone_lossless=va.lossless)
-    if not v.lossless:
-        if va.lossless:
-            rec.update(lossless=True, first_diff=va.first_diff, gap=va.gap)
-            rec["reason"] = (
-                f"equals ar on the row alone ({va.reason or 'identical'}); vs batched ar: {v.reason}"
-            )
-        else:
-            rec["reason"] = f"vs batched ar: {v.reason}; vs ar on the row alone: {va.reason}"
-    return rec
-
-
-def _alone(ar, prompt: list[int], max_new_tokens: int, device) -> list[int]:
-    """``ar``'s tokens for one prompt alone (batch 1, no padding)."""
-    tokens, _ = ar.generate(torch.tensor([prompt], device=device), max_new_tokens)
-    return [int(t) for t in tokens]
-
-
 def _bench_batches(
     runners, names, datasets, target, tokenizer, max_new_tokens, tie_tol, batch_size, check_rows, own
 ):
@@ -286,7 +291,15 @@ def _bench_batches(
             }
             alone = [None] * len(group)
             if check_rows:  # untimed: plain generate on each row alone, the issue's reference
-                alone = [_alone(runners[REFERENCE], p, max_new_tokens, target.device) for p in prompts]
+                alone = [
+                    [
+                        int(t)
+                        for t in runners[REFERENCE].generate(
+                            torch.tensor([p], device=target.device), max_new_tokens
+                        )[0]
+                    ]
+                    for p in prompts
+                ]
             reference = outputs[REFERENCE][0]
             for name in names:
                 rows, stats, forwards = outputs[name]
@@ -304,7 +317,7 @@ def _bench_batches(
                     if name in own:
                         rec = own.row_record(name, prompt, rows[j], max_new_tokens, tie_tol, check_rows)
                     else:
-                        rec = _row_verdict(target, prompt, reference[j], alone[j], rows[j], tie_tol)
+                        rec = row_verdict(target, prompt, reference[j], alone[j], rows[j], tie_tol)
                     rows_of[(name, task)].append(
                         {"id": row["id"], "batch": b, "new_tokens": len(rows[j]), **rec}
                     )

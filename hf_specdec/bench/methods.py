@@ -271,6 +271,14 @@ class AutoRegressive(Method):
 
 
 @register
+class StockAutoRegressive(AutoRegressive):
+    name = "ar-stock"
+    description = "plain greedy model.generate of a copy of the target on stock kernels (bench --kernels)"
+    # its model is a copy of the target, not a model of its own: its outputs are judged against `ar`'s
+    same_target = True
+
+
+@register
 class HFPromptLookup(Method):
     name = "hf-pld"
     description = "transformers' prompt lookup decoding (prompt_lookup_num_tokens=10)"

@@ -47,7 +47,11 @@ class OwnModels:
 
     def __init__(self, runners: dict[str, Method], target, ctx: BenchContext):
         self.target = target
-        self.models = {name: r.model for name, r in runners.items() if r.model is not target}
+        self.models = {
+            name: r.model
+            for name, r in runners.items()
+            if r.model is not target and not getattr(r, "same_target", False)
+        }
         self.sources = {
             name: str(getattr(runners[name], "model_source", None) or "a model of its own")
             for name in self.models
@@ -108,7 +112,7 @@ class OwnModels:
         tie_tol,
         check_rows: bool,
     ) -> dict:
-        """A batch row's losslessness (the fields of ``harness._row_verdict``) for a method with its own model: its
+        """A batch row's losslessness (the fields of ``figures.row_verdict``) for a method with its own model: its
         reference is plain generate of that model on the row alone, which is also the row-alone check."""
         v = self.verdict(name, prompt, [], tokens, max_new_tokens, tie_tol)
         rec = {"identical": v.identical, "lossless": v.lossless, "first_diff": v.first_diff, "gap": v.gap}

@@ -28,11 +28,18 @@ def report_markdown(results: dict) -> str:
         "",
     ]
     batched = cfg.get("batch_size", 1) > 1
+    stock = any("speedup_vs_stock" in r for r in results["runs"])
     if batched:
         lines += [
             "| task | method | batched | speedup | tokens/s | tau | alpha | draft share | verify share | lossless "
             "| = `ar` on the row alone |",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        ]
+    elif stock:
+        lines += [
+            "| task | method | speedup | vs `ar-stock` | tokens/s | tau | alpha | draft share | verify share "
+            "| lossless |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
     else:
         lines += [
@@ -53,9 +60,24 @@ def report_markdown(results: dict) -> str:
                 "-" if r["row_alone_identical"] is None else f"{r['row_alone_identical']}/{r['n_prompts']}"
             )
             lines.append(f"| {r['task']} | {r['method']} | {mode} | {figures} {alone} |")
+        elif stock:
+            versus = _fmt(r.get("speedup_vs_stock"))
+            lines.append(
+                f"| {r['task']} | {r['method']} | {_fmt(r['speedup'])}x | {versus}x | "
+                + figures.split(" | ", 1)[1]
+            )
         else:
             lines.append(f"| {r['task']} | {r['method']} | {figures}")
     lines += [
+        "",
+        (
+            "kernels: "
+            + cfg["kernels"]
+            + " (every model of the run; `ar-stock`: plain generate of a copy of the "
+            "target on stock kernels)"
+            if stock
+            else ""
+        ),
         "",
         "speedup = tokens/s over `ar` in the same run; tau = tokens per target forward (bonus token counted); "
         "alpha = accepted / drafted tokens; shares are of wall time (draft share = all time outside target forwards).",

@@ -11,6 +11,7 @@ import textwrap
 import torch
 
 from ..core.timing import clock
+from ..kernels import KERNELS
 from ..options import add_model_arguments
 
 # Fastest first; the first one that is available is shown.
@@ -27,6 +28,12 @@ def add_parser(sub) -> None:
         help="auto: bf16 only where the CPU runs it natively",
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--kernels",
+        choices=list(KERNELS),
+        default="stock",
+        help="linear-layer kernels of every model (hf_specdec.apply_kernels): stock, or onednn (CPU prepacked)",
+    )
     p.add_argument(
         "--method", default=None, help="method to compare with plain generate (default: fastest available)"
     )
@@ -56,6 +63,11 @@ def run(args) -> int:
     model, tokenizer = load_model(args.model, args.dtype, gguf_file=args.gguf_file)
     ctx = BenchContext(model, tokenizer, args.dtype, model_name=args.model)
     runners = setup_runners([c.name for c in classes], classes, ctx)
+    if args.kernels != "stock":
+        from ..bench.kernel_runs import apply_run_kernels
+
+        for what, report in apply_run_kernels(runners, model, args.kernels).items():
+            print(f"{what}: {report}")
     own = OwnModels(runners, model, ctx)
     prompts = [load_task("code-edit", tokenizer, 3)[2], load_task("text-edit", tokenizer, 1)[0]]
     for r in runners.values():  # warm-up
