@@ -24,6 +24,7 @@ names, kept in ``torch_private.py``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -32,19 +33,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import SpecDecError
 from .torch_private import (
+    mkldnn_bf16_available,
     mkldnn_linear_available,
     pack_linear_weight,
     packed_linear,
     unpack_linear_weight,
 )
-from .errors import SpecDecError
 
 logger = logging.getLogger(__name__)
 
 KERNELS = ("stock", "onednn")  # what --kernels takes: PyTorch's default linear, oneDNN's prepacked one
 ROWS = (1, 2, 4, 8, 16)  # rows a linear is timed at: a plain step, and the verification sizes of drafts
 _ATTR = "_hf_specdec_kernels"
+_SHAPES = "_hf_specdec_packed_shapes"
 
 
 def kernels_of(model: nn.Module) -> str:
@@ -65,6 +68,10 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         # a plain attribute, not a registered parameter: the module that shares it owns (and converts) it
         self.__dict__["shared"] = linear.weight if shared else None
+        self.source = (
+            linear.weight.data_ptr()
+        )  # the dense matrix it was packed from (a drafter's head: the same?)
+        self.trainable = linear.weight.requires_grad  # what restore_kernels gives the dense weight back
 
     @property
     def weight(self) -> torch.Tensor:
@@ -95,17 +102,38 @@ class PackedLinear(nn.Module):
         weight = self.weight
         destination[prefix + "weight"] = weight if keep_vars else weight.detach()
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs
+    ):
         weight = state_dict.pop(prefix + "weight", None)
+        if weight is None and self.shared is not None:
+            weight = self.shared  # a checkpoint without a tied head's copy: the matrix the other module loads
+        elif weight is None:
+            missing_keys.append(prefix + "weight")
         if weight is not None:
-            self.packed = pack_linear_weight(weight.to(self.packed.dtype))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+            self.packed = pack_linear_weight(weight.detach().to(self.packed.dtype))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs
+        )
+
+    def __deepcopy__(self, memo):
+        """A copy with its own packed weight (an opaque oneDNN tensor has no storage to copy)."""
+        clone = copy.copy(self)
+        clone.__dict__ = {k: v for k, v in self.__dict__.items() if k != "packed"}
+        for name in ("_parameters", "_buffers", "_modules"):
+            clone.__dict__[name] = copy.deepcopy(self.__dict__[name], memo)
+        if self.shared is not None:
+            clone.__dict__["shared"] = copy.deepcopy(self.shared, memo)
+        clone.packed = pack_linear_weight(unpack_linear_weight(self.packed))
+        return clone
 
     def to_linear(self) -> nn.Linear:
         """An ``nn.Linear`` with this layer's dense weight (the shared tensor itself, if any) and bias."""
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        weight = self.shared if self.shared is not None else nn.Parameter(self.weight, requires_grad=False)
-        linear.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight)
+        weight = self.shared if self.shared is not None else self.weight
+        if not isinstance(weight, nn.Parameter):
+            weight = nn.Parameter(weight, requires_grad=self.trainable)
+        linear.weight = weight
         linear.bias = self.bias
         return linear
 
@@ -193,6 +221,8 @@ def _unavailable(model: nn.Module) -> str:
         return f"{dtype} is not packed (fp32 and bf16 are)"
     if not mkldnn_linear_available():
         return "this torch build has no oneDNN linear"
+    if dtype == torch.bfloat16 and not mkldnn_bf16_available():
+        return "oneDNN has no bf16 kernels for this CPU"
     return ""
 
 
@@ -205,7 +235,7 @@ def apply_kernels(
     ``"onednn"``: every ``nn.Linear`` whose shape runs faster packed on this machine (timed at ``rows``, the sum
     decides; ``measure=False`` packs every shape untimed) becomes a :class:`PackedLinear`; an hf_specdec drafter's
     LM head (the target's matrix, or its draft vocabulary's rows) is packed the same way. ``"stock"``:
-    :func:`restore_kernels`. Layers packed already stay as they are."""
+    :func:`restore_kernels`. Layers packed already stay as they are (and count as packed in the report)."""
     if kernels not in KERNELS:
         raise SpecDecError(f"kernels={kernels!r}: expected one of {', '.join(KERNELS)}")
     if kernels == "stock":
@@ -215,52 +245,71 @@ def apply_kernels(
     if reason:
         logger.warning("hf_specdec.apply_kernels: nothing changed: %s", reason)
         return KernelReport("stock", reason)
-    linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    linears = {name: _shape(m) for name, m in model.named_modules() if type(m) is nn.Linear}
+    already = sum(isinstance(m, PackedLinear) for m in model.modules())
     head = _drafter_head(model)
     uses: dict[int, int] = {}  # data_ptr -> parameters on it: a weight with more than one user is shared
     for _, p in model.named_parameters(remove_duplicate=False):
         uses[p.data_ptr()] = uses.get(p.data_ptr(), 0) + 1
-    by_shape: dict[tuple, list[tuple[str, nn.Linear]]] = {}
-    for name, m in linears:
-        by_shape.setdefault((m.in_features, m.out_features, m.bias is not None), []).append((name, m))
+    shapes: dict[tuple, list[str]] = {}  # names only: no reference keeps a replaced layer alive
+    for name, shape in linears.items():
+        shapes.setdefault(shape, []).append(name)
     if head is not None:
-        by_shape.setdefault((head.shape[1], head.shape[0], False), [])
-    report = KernelReport("onednn", linear_layers=len(linears) + (head is not None))
+        shapes.setdefault((head.shape[1], head.shape[0], False), [])
+    report = KernelReport("onednn", linear_layers=len(linears) + (head is not None) + already)
+    report.packed_layers = already
     packed_shapes = set()
-    for (n_in, n_out, has_bias), members in by_shape.items():
-        weight = members[0][1].weight if members else head
-        bias = members[0][1].bias if members and has_bias else None
+    for (n_in, n_out, has_bias), names in shapes.items():
         if measure:
-            stock, onednn = time_shape(
-                weight.detach(), None if bias is None else bias.detach(), rows, repeats
-            )
+            first = model.get_submodule(names[0]) if names else None
+            weight = head if first is None else first.weight.detach()
+            bias = first.bias.detach() if first is not None and has_bias else None
+            stock, onednn = time_shape(weight, bias, rows, repeats)
+            del first, weight, bias
         else:
             stock, onednn = {r: 1.0 for r in rows}, {r: 0.0 for r in rows}
-        count = len(members) + (head is not None and (n_in, n_out) == (head.shape[1], head.shape[0]))
+        count = len(names) + (head is not None and (n_in, n_out) == (head.shape[1], head.shape[0]))
         timing = ShapeTiming((n_in, n_out), count, stock, onednn)
         report.shapes.append(timing)
         if timing.packed:
             packed_shapes.add((n_in, n_out, has_bias))
-    for name, m in linears:
-        if (m.in_features, m.out_features, m.bias is not None) not in packed_shapes:
+    for name, shape in linears.items():
+        if shape not in packed_shapes:
             continue
-        shared = uses.get(m.weight.data_ptr(), 0) > 1
-        model.set_submodule(name, PackedLinear(m, shared=shared))
+        linear = model.get_submodule(name)
+        shared = uses.get(linear.weight.data_ptr(), 0) > 1
+        model.set_submodule(name, PackedLinear(linear, shared=shared))
         report.packed_layers += 1
-        report.extra_bytes += m.weight.numel() * m.weight.element_size() if shared else 0
+        report.extra_bytes += linear.weight.numel() * linear.weight.element_size() if shared else 0
+        del linear  # the dense weight is freed here unless another module shares it
     if head is not None and (head.shape[1], head.shape[0], False) in packed_shapes:
         report.extra_bytes += _pack_drafter_head(model, head)
         report.packed_layers += 1
     if report.packed_layers:
+        packed = sorted({_shape(m) for m in model.modules() if isinstance(m, PackedLinear)})
+        if isinstance(model.__dict__.get("_head"), PackedLinear):
+            packed.append(("head",))
         model.__dict__[_ATTR] = "onednn"
+        model.__dict__[_SHAPES] = ";".join("x".join(map(str, s)) for s in packed)
     else:
         report.kernels, report.reason = "stock", "oneDNN was not faster for any layer shape on this machine"
         logger.warning("hf_specdec.apply_kernels: nothing changed: %s", report.reason)
     return report
 
 
+def _shape(m: nn.Module) -> tuple[int, int, bool]:
+    return (m.in_features, m.out_features, m.bias is not None)
+
+
+def packed_shapes(model: nn.Module) -> str:
+    """The shapes :func:`apply_kernels` packed in ``model`` (``""`` on stock kernels): part of a stored cost's key."""
+    return model.__dict__.get(_SHAPES, "")
+
+
 def _drafter_head(model: nn.Module) -> torch.Tensor | None:
     """An attached hf_specdec drafter's dense LM head (``modeling/attached.py``'s ``_head``), else ``None``."""
+    if not hasattr(model, "attach_target") or not hasattr(model, "draft_logits"):
+        return None
     head = model.__dict__.get("_head")
     return head if isinstance(head, torch.Tensor) else None
 
@@ -270,12 +319,12 @@ def _pack_drafter_head(model: nn.Module, head: torch.Tensor) -> int:
     returns the bytes it adds."""
     target = getattr(model, "target", None)
     target_head = target.get_output_embeddings() if target is not None else None
-    if isinstance(target_head, PackedLinear) and target_head.weight.data_ptr() == head.data_ptr():
+    if isinstance(target_head, PackedLinear) and target_head.source == head.data_ptr():
         model.__dict__["_head"] = target_head
         return 0
     linear = nn.Linear(head.shape[1], head.shape[0], bias=False, device="meta")
     linear.weight = nn.Parameter(head, requires_grad=False)
-    is_target_matrix = target_head is not None and target_head.weight.data_ptr() == head.data_ptr()
+    is_target_matrix = isinstance(target_head, nn.Linear) and target_head.weight.data_ptr() == head.data_ptr()
     model.__dict__["_head"] = PackedLinear(linear, shared=is_target_matrix)
     return head.numel() * head.element_size() if is_target_matrix else 0
 
@@ -289,4 +338,5 @@ def restore_kernels(model: nn.Module) -> nn.Module:
     if isinstance(head, PackedLinear):
         model.__dict__["_head"] = head.weight
     model.__dict__.pop(_ATTR, None)
+    model.__dict__.pop(_SHAPES, None)
     return model

@@ -9,6 +9,7 @@ changes. Entries (:data:`ENTRIES`):
   oneDNN's blocked layout (an opaque ``torch._mkldnn`` tensor of the same shape and size, ``to_dense()`` gives it
   back exactly), and ``torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")`` computes
   ``F.linear(x, weight, bias)`` from it. The op has no autograd kernel: callers use it without gradients only.
+  ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` tells whether the CPU has oneDNN's bf16 kernels.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def mkldnn_linear_available() -> bool:
         return False
     ops = torch.ops.mkldnn
     return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+
+
+def mkldnn_bf16_available() -> bool:
+    """Whether oneDNN runs bf16 on this CPU (entry ``mkldnn_linear``)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -122,7 +122,7 @@ class TargetAttachedMixin:
         self._require_target()
         head = self.__dict__["_head"]
         if isinstance(head, PackedLinear):  # hf_specdec.apply_kernels
-            return head(hidden)
+            return head(hidden.to(head.packed.dtype))
         return F.linear(hidden, head.to(hidden.dtype))
 
     def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,7 @@ class TargetAttachedMixin:
         raise SpecDecError(
             f"{type(self).__name__} was given as assistant_model, but transformers did not select hf_specdec's "
             "candidate generator for it (its generic assisted generator called drafter.generate): this "
-            "transformers version changed how generate picks the generator (hf_specdec/hf_compat.py, "
+            "transformers version changed how generate picks the generator (hf_specdec/hf_compat, "
             "candidate_generator_hook); use a supported transformers version or `import hf_specdec` before generate"
         )
 

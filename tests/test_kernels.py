@@ -148,3 +148,32 @@ def test_the_default_target_on_packed_kernels_decodes_as_on_stock_ones(real_targ
     assert torch.equal(packed.generate(prompt, max_new_tokens=32, do_sample=False), ref)
     out = packed.generate(prompt, max_new_tokens=32, do_sample=False, custom_generate=hf_specdec.pld_plus)
     assert torch.equal(out, ref)
+
+
+def test_copies_restores_and_an_untied_drafter_head():
+    import copy
+
+    target = tiny_llama().eval()  # untied head
+    target.lm_head.weight.requires_grad_(True)
+    glide = _glide(target)
+    hf_specdec.apply_kernels(target, measure=False)
+    hf_specdec.apply_kernels(glide, measure=False)
+    assert glide.__dict__["_head"] is target.get_output_embeddings()  # shared, not a second packed head
+    twin = copy.deepcopy(target)
+    x = _prompt(n=5)
+    with torch.no_grad():
+        assert torch.equal(twin(x).logits, target(x).logits)
+    hf_specdec.restore_kernels(target)
+    assert type(target.lm_head) is nn.Linear and target.lm_head.weight.requires_grad
+
+
+def test_a_tied_head_loaded_without_its_copy_follows_the_embedding():
+    model = tiny_llama(tie_word_embeddings=True).eval()
+    hf_specdec.apply_kernels(model, measure=False)
+    other = tiny_llama(tie_word_embeddings=True, seed=1).state_dict()
+    other.pop("lm_head.weight")  # what save_pretrained writes for a tied head
+    model.load_state_dict(other, strict=False)
+    x = _prompt(n=5)
+    reference = tiny_llama(tie_word_embeddings=True, seed=1).eval()
+    with torch.no_grad():
+        assert torch.allclose(model(x).logits, reference(x).logits, atol=1e-5)

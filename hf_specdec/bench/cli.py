@@ -140,4 +140,5 @@ def run(args) -> int:
 
     print(report_markdown(results))
     print(f"wrote {args.out}/results.json, {args.out}/report.md, {args.out}/speedup.png")
-    return 0 if all(r["lossless"] for r in results["runs"]) else 1
+    # ar-stock is plain generate on other kernels: shown against ar, not a method whose losslessness is judged
+    return 0 if all(r["lossless"] for r in results["runs"] if r["method"] != "ar-stock") else 1

@@ -114,6 +114,8 @@ def run_bench(
         raise SpecDecError(f"--limit must be at least 1 (got {limit})")
     if batch_size < 1:
         raise SpecDecError(f"--batch-size must be at least 1 (got {batch_size})")
+    if cold and batch_size > 1:
+        raise SpecDecError("--cold runs at --batch-size 1 (each method's first call is one prompt)")
     if temperature and batch_size > 1:
         raise SpecDecError("--temperature runs at --batch-size 1 (one seeded sample per prompt and method)")
     check_rows = batch_size > 1 if check_rows is None else bool(check_rows) and batch_size > 1
@@ -148,8 +150,11 @@ def run_bench(
     else:
         for runner in runners.values():
             runner.generate(warm, 8)
-    check_read(ctx.options, names)  # every option was asked for, by setup or the warm-up, before any timing
-    drafter_costs = measure_drafter_costs(runners, target)
+    if not cold:  # cold: the first calls come first; options are checked and drafter costs timed after them
+        check_read(
+            ctx.options, names
+        )  # every option was asked for, by setup or the warm-up, before any timing
+        drafter_costs = measure_drafter_costs(runners, target)
 
     if batch_size > 1:
         runs, per_prompt, per_batch = _bench_batches(
@@ -168,7 +173,9 @@ def run_bench(
                 own,
                 temperature and seed,
             )
-    add_stock_speedups(runs)
+    if cold:
+        check_read(ctx.options, names)
+        drafter_costs = measure_drafter_costs(runners, target)
     first_calls = first_call_speedups(per_prompt, names, tasks[0]) if cold else None
     results = {
         "command": command or "",
@@ -195,7 +202,7 @@ def run_bench(
             "python": sys.version.split()[0],
             "torch": torch.__version__,
         },
-        "runs": runs,
+        "runs": add_stock_speedups(runs),
         "drafter_cost": drafter_costs,
         "sizing_costs": sizing_costs(runners, target),
         **({"first_call_speedup": first_calls} if cold else {}),

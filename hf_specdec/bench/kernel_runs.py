@@ -22,12 +22,14 @@ def apply_run_kernels(runners: dict, target, kernels: str) -> dict[str, str]:
     return reports
 
 
-def add_stock_speedups(runs: list[dict]) -> None:
-    """With ``ar-stock`` in the run: each run's ``speedup_vs_stock``, its tokens/s over ``ar-stock``'s."""
+def add_stock_speedups(runs: list[dict]) -> list[dict]:
+    """With ``ar-stock`` in the run: each run's ``speedup_vs_stock``, its tokens/s over ``ar-stock``'s (added to
+    ``runs``, which it returns)."""
     stock = {r["task"]: r["tokens_per_s"] for r in runs if r["method"] == STOCK}
     for r in runs:
         if stock.get(r["task"]):
             r["speedup_vs_stock"] = round(r["tokens_per_s"] / stock[r["task"]], 4)
+    return runs
 
 
 def first_call_speedups(per_prompt: dict, names: list[str], task: str) -> dict[str, float]:

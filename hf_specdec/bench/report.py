@@ -83,6 +83,12 @@ def report_markdown(results: dict) -> str:
         "alpha = accepted / drafted tokens; shares are of wall time (draft share = all time outside target forwards).",
         "",
     ]
+    if results.get("first_call_speedup"):
+        firsts = ", ".join(f"`{m}` {v:.2f}x" for m, v in results["first_call_speedup"].items())
+        lines += [
+            f"First calls (--cold: each method's first generation in this process, over `ar`'s): {firsts}",
+            "",
+        ]
     split = [r for r in results["runs"] if r.get("split")]
     if split:
         unit = next((r["split"].get("one_token_forward_ms") for r in split if r["method"] == "ar"), None)

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import torch
 
+from ..hf_compat import attn_implementation
+from ..kernels import packed_shapes
 from ..machine import describe_machine
+from ..target import home
 
 OFF = "off"
 logger = logging.getLogger(__name__)
@@ -35,17 +38,24 @@ def store_path() -> Path | None:
         return None
     if name:
         return Path(name)
-    home = os.environ.get("HF_SPECDEC_HOME") or Path.home() / ".cache" / "hf_specdec"
-    return Path(home) / "costs.json"
+    return home() / "costs.json"
+
+
+# the way the costs are measured: a change to it (sizes, samples, what a drafter step times) changes this
+PROTOCOL = "2"
 
 
 def model_id(model: torch.nn.Module) -> str:
-    """A short hash of what tells ``model`` apart from another: its class, its config and the signs of the
-    first values of its first parameters (two checkpoints of one architecture differ there)."""
+    """A short hash of what tells ``model`` apart from another as far as its speed goes: its class, its config,
+    its attention implementation, the layers ``apply_kernels`` packed (a drafter's head included), and the signs
+    of the first values of its first parameters (two checkpoints of one architecture differ there)."""
     h = hashlib.sha1(type(model).__name__.encode())
     config = getattr(model, "config", None)
     if config is not None:
         h.update(config.to_json_string(use_diff=False).encode())
+        h.update(str(attn_implementation(model)).encode())
+    h.update(packed_shapes(model).encode())
+    h.update(type(model.__dict__.get("_head")).__name__.encode())
     for _, p in sorted(model.named_parameters())[:8]:
         h.update((p.detach().flatten()[:64].float() > 0).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -60,7 +70,8 @@ def entry_key(kind: str, models: list[torch.nn.Module], setting: tuple) -> str:
     """The store's key of one measurement: ``kind`` (``"verify"``, ``"drafter"``), the models it timed, their
     ``setting`` and the machine."""
     device = next(models[0].parameters()).device
-    return " | ".join([kind, *(model_id(m) for m in models), ", ".join(map(str, setting)), _machine(device)])
+    parts = [kind, *(model_id(m) for m in models), ", ".join(map(str, setting)), _machine(device)]
+    return " | ".join([*parts, f"protocol {PROTOCOL}"])
 
 
 def _read(path: Path) -> dict:

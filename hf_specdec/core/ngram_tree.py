@@ -31,7 +31,8 @@ class NGramTreeProposer(TreeProposer):
         self.vocab_size = 0
 
     def start(self, model, input_ids, generation_config) -> None:
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        head = model.get_output_embeddings()
+        self.vocab_size = getattr(head, "out_features", None) or head.weight.shape[0]
         self.rng = torch.Generator().manual_seed(self.seed)
 
     def continuations(self, ids: torch.Tensor) -> list[list[int]]:

@@ -98,7 +98,7 @@ def measured_cost(model, context: torch.Tensor, repeats: int = 5, batch: int = 1
     key = setting_key(model) + ((batch,) if batch > 1 else ())
     cache = model.__dict__.setdefault(_ATTR, {})
     if key not in cache:
-        stored = entry_key("verify", [model], key)
+        stored = entry_key("verify", [model], (*key, f"sizes {SIZES}, {repeats} samples"))
         times = lookup(stored)
         if not isinstance(times, dict):
             times = forward_times(model, context[-64:], SIZES, repeats, batch)
