@@ -23,3 +23,14 @@ def test_measured_once_per_model_and_dtype():
     assert measured_cost(model, context) is curve  # cached on the model: no second timing
     assert sorted(curve.relative) == list(SIZES) and curve(1) == 1.0
     assert measured_cost(tiny_llama(), context, repeats=1) is not curve
+
+
+def test_a_long_prompt_gets_a_curve_timed_at_its_context():
+    from hf_specdec.core import verify_cost
+
+    model = tiny_llama()
+    short = verify_cost.measured_cost(model, torch.arange(3, 40), repeats=1)
+    long = verify_cost.measured_cost(model, torch.arange(300) % 90 + 3, repeats=1)
+    assert long is not short and verify_cost.measured_cost(model, torch.arange(3, 60), repeats=1) is short
+    assert verify_cost.context_bucket(300) == 256 and verify_cost.context_bucket(10) == 64
+    assert any("context 256" in label for label in verify_cost.cached_curves(model))

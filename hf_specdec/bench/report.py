@@ -152,7 +152,8 @@ def report_markdown(results: dict) -> str:
             for c in by_setting.values()
         )
         lines += [
-            "costs the drafts were sized by (measured once in this process, at the first generation that needed them; "
+            "costs the drafts were sized by (measured by the first generation that needed them, or read from the cost "
+            "store, $HF_SPECDEC_HOME/costs.json; "
             f"verification forward of q tokens / one-token forward): {curves or '-'}; drafter c_d: {drafters or '-'}",
             "",
         ]

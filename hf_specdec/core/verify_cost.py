@@ -2,10 +2,10 @@
 
 Speculative decoding pays off when a forward over ``q`` tokens (the last token plus ``q - 1`` drafted ones)
 yields more tokens than it costs, in units of a plain one-token forward. That cost curve ``c(q) = t(q) / t(1)``
-depends on the model, its dtype, the hardware and the thread count: on this project's 2-core CPU a 11-token
-forward costs about 2.3 one-token forwards in fp32 but about 1.25 in bf16, so the best draft length differs by
-dtype. The curve is measured once per (model, dtype, device, threads) with a few timed forwards and kept on the
-model object, so later ``generate`` calls reuse it.
+depends on the model, its dtype, its kernels (``hf_specdec.kernels``), the hardware, the thread count and the
+context length, so it is measured, with a few timed forwards, once per (model, dtype, device, threads, kernels,
+context length) and kept on the model object and on disk (``cost_store.py``), so later ``generate`` calls and
+later processes reuse it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ from .timing import device_of, median, seconds
 # through 1 and 4 would show, and they are the sizes a weak drafter's trees have
 SIZES = (1, 2, 3, 4, 8, 16, 64)
 _ATTR = "_hf_specdec_verify_cost"
+# context lengths the curve is timed after: a verification forward attends over the whole cache, so at a long
+# context a q-token forward costs more one-token forwards than at a short one (SmolLM2-135M, fp32 on oneDNN
+# kernels: a 4-6 token step costs ~1.5 one-token forwards after 1,600 tokens and ~1.1 after 64)
+CONTEXTS = (64, 256, 1024, 4096)
+
+
+def context_bucket(length: int) -> int:
+    """The longest of :data:`CONTEXTS` that ``length`` tokens reach (the shortest for fewer)."""
+    return max((c for c in CONTEXTS if c <= length), default=CONTEXTS[0])
 
 
 @torch.no_grad()
@@ -88,20 +97,26 @@ class CostCurve:
 
 
 def measured_cost(model, context: torch.Tensor, repeats: int = 5, batch: int = 1) -> CostCurve:
-    """The model's :class:`CostCurve` on this machine: timed once per model, dtype, device, threads, kernels and
-    batch on a machine (``cost_store.py`` keeps it on disk for later processes), then kept on the model.
+    """The model's :class:`CostCurve` on this machine after ``context`` (the prompt): timed once per model, dtype,
+    device, threads, kernels, batch and context length (after the last :func:`context_bucket` tokens of
+    ``context``) on a machine (``cost_store.py`` keeps it on disk for later processes), then kept on the model.
     ``batch``: the curve of a batch of that many rows, ``t_B(q) / t_B(1)`` (every row verifying ``q`` tokens).
 
     ``repeats``: 5 interleaved samples. Five processes each (SmolLM2-135M, fp32, AMD EPYC Zen 1, 2 threads) spread
     c(2), c(3), c(4) over 8%, 21%, 8% of their value with 3 samples, 4%, 5%, 5% with 5 (2%, 3%, 5% with 15); a
     sample there costs ~14 one-token forwards (1.4 s)."""
-    key = setting_key(model) + ((batch,) if batch > 1 else ())
+    bucket = context_bucket(context.shape[-1])
+    key = (
+        setting_key(model)
+        + ((f"context {bucket}",) if bucket > CONTEXTS[0] else ())
+        + ((batch,) if batch > 1 else ())
+    )
     cache = model.__dict__.setdefault(_ATTR, {})
     if key not in cache:
         stored = entry_key("verify", [model], (*key, f"sizes {SIZES}, {repeats} samples"))
         times = lookup(stored)
         if not isinstance(times, dict):
-            times = forward_times(model, context[-64:], SIZES, repeats, batch)
+            times = forward_times(model, context[-bucket:], SIZES, repeats, batch)
             store(stored, {str(q): t for q, t in times.items()})
         cache[key] = CostCurve({int(q): float(t) for q, t in times.items()})
     return cache[key]
@@ -117,10 +132,10 @@ def setting_label(key: tuple) -> str:
     """A cache key of :func:`measured_cost` (or ``draft_budget.measured_drafter_cost``) as text:
     ``"torch.bfloat16, cpu, 2 threads"`` (``", onednn kernels"`` after ``apply_kernels``, ``", batch 4"`` for a
     batch's curve)."""
-    dtype, device, threads, kernels, *batch = key
+    dtype, device, threads, kernels, *rest = key
     threads = f"{threads} thread" + ("s" if threads != 1 else "")
     label = f"{dtype}, {device}, {threads}" + (f", {kernels} kernels" if kernels != "stock" else "")
-    return label + (f", batch {batch[0]}" if batch else "")
+    return label + "".join(f", batch {r}" if isinstance(r, int) else f", {r}" for r in rest)
 
 
 def cached_curves(model) -> dict[str, CostCurve]:
