@@ -141,4 +141,8 @@ def run(args) -> int:
     print(report_markdown(results))
     print(f"wrote {args.out}/results.json, {args.out}/report.md, {args.out}/speedup.png")
     # ar-stock is plain generate on other kernels: shown against ar, not a method whose losslessness is judged
-    return 0 if all(r["lossless"] for r in results["runs"] if r["method"] != "ar-stock") else 1
+    # a sampled run's losslessness (None) is the distribution tests'; nothing of it failed here
+    judged = [
+        r["lossless"] for r in results["runs"] if r["method"] != "ar-stock" and r["lossless"] is not None
+    ]
+    return 0 if all(judged) else 1

@@ -115,7 +115,7 @@ def aggregate(
             for r in rows
             if r["lossless"] and not r["identical"] and r["gap"] is not None
         ],
-        "failures": [{"id": r["id"], "reason": r["reason"]} for r in rows if not r["lossless"]],
+        "failures": [{"id": r["id"], "reason": r["reason"]} for r in rows if r["lossless"] is False],
     }
 
 
