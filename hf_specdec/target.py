@@ -21,6 +21,7 @@ from .checkpoint_errors import checkpoint_error, unreadable_files
 from .errors import SpecDecError
 from .fingerprint import check_fingerprint, target_fingerprint  # noqa: F401  (public here since the start)
 from .machine import resolve_auto_dtype
+from .paths import home
 from .targets import DEFAULT, NamedTarget, locate_gguf, named_target, unknown_target_error
 
 DEFAULT_TARGET_PACKAGE = DEFAULT.files[0][0]
@@ -28,15 +29,6 @@ DEFAULT_TARGET_GGUF = DEFAULT.gguf
 DEFAULT_TARGET_NAME = DEFAULT.name
 DEFAULT_TARGET_HUB_ID = DEFAULT.hub_id  # the model the GGUF was converted from
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def home() -> Path:
-    """Cache folder for converted checkpoints and other derived artifacts."""
-    root = os.environ.get("HF_SPECDEC_HOME")
-    if root:
-        return Path(root)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "hf_specdec"
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

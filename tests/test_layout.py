@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hf_specdec.errors",
             "hf_specdec.fingerprint",
             "hf_specdec.machine",
+            "hf_specdec.paths",
             "hf_specdec.hf_compat",
             "hf_specdec.torch_private",
             "hf_specdec.kernels",

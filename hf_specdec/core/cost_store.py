@@ -25,6 +25,7 @@ import torch
 from ..hf_compat import attn_implementation
 from ..kernels import packed_shapes
 from ..machine import describe_machine
+from ..paths import home
 
 OFF = "off"
 logger = logging.getLogger(__name__)
@@ -37,11 +38,7 @@ def store_path() -> Path | None:
         return None
     if name:
         return Path(name)
-    root = os.environ.get(
-        "HF_SPECDEC_HOME"
-    )  # the folder target.home() names (not imported: exports bundle this)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "costs.json" if root else Path(cache) / "hf_specdec" / "costs.json"
+    return home() / "costs.json"
 
 
 # the way the costs are measured: a change to it (sizes, samples, what a drafter step times) changes this
