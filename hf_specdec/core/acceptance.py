@@ -45,7 +45,7 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process
 
-from .tree import ROOT, TokenTree
+from .tree import ROOT, TokenTree, host_to_device
 
 _EPS = 1e-12
 
@@ -252,7 +252,7 @@ def accept_tree(
             scores = processed_scores(logits_processor, ids, logits[node + 1])
             out.scores.append(scores)
             kids = kids_of[node + 1]
-            slot, token = level(scores, torch.tensor(kids, dtype=torch.long, device=device))
+            slot, token = level(scores, host_to_device(kids, device))
             slot, token = torch.stack([slot, token]).tolist()  # the level's one host read
             out.tokens.append(token)
             if slot == len(kids):
@@ -262,9 +262,8 @@ def accept_tree(
             ids = torch.cat([ids, ids.new_tensor([[token]])], dim=-1)
 
     width = max(map(len, kids_of))
-    table = torch.tensor(
-        [k + [-1] * (width - len(k)) for k in kids_of], dtype=torch.long, device=device
-    )  # (1 + n, width): each fed row's children, padded with -1
+    # (1 + n, width): each fed row's children, padded with -1
+    table = host_to_device([k + [-1] * (width - len(k)) for k in kids_of], device)
     depths = [0, *tree.depths]
     widths = [0] * (tree.max_depth + 1)  # most children of a node at each depth
     for row, kids in enumerate(kids_of):
