@@ -49,7 +49,7 @@ from .ragged_cache import RaggedCache
 from .sliding_window import LayerMasks, verification_cache
 from .stats import DecodeStats
 from .timing import clock, untimed
-from .tree import TokenTree
+from .tree import TokenTree, host_to_device
 
 __all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer interface lives in proposer.py
 
@@ -228,7 +228,7 @@ def _decode(
         survivors, feedback = [], []
         for i, (row, (acc, m, done, kept)) in enumerate(zip(rows, results)):
             real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
-            keep = torch.tensor(real, dtype=torch.long, device=device) if need_hidden or need_attn else None
+            keep = host_to_device(real, device) if need_hidden or need_attn else None
             hidden = _gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
             attn = _gather_attentions(out.attentions, prefix, keep) if need_attn else None
             if one:
@@ -249,7 +249,7 @@ def _decode(
             stats.draft_time += tick(device) - t0
             return finished
         if len(survivors) < len(rows):
-            layout.select_rows(torch.tensor(survivors, device=device))
+            layout.select_rows(host_to_device(survivors, device))
             rows = [rows[i] for i in survivors]
         layout.maybe_repack()
         for j, (row, fb) in enumerate(feedback):
