@@ -19,14 +19,14 @@ at a time, so no second copy of the model is ever held; a weight that another mo
 matrix is also the input embedding) keeps its dense tensor for the other user and adds its packed copy. The packed
 layers are for inference: a forward that needs gradients is refused, ``state_dict`` / ``save_pretrained`` write the
 dense weights, and :func:`restore_kernels` puts ``nn.Linear`` layers back. The oneDNN ops are torch's private
-names, kept in ``torch_private.py``.
-"""
+names, kept in ``torch_private.py``. A model with grouped key/value heads also gets ``grouped_attention.py``."""
 
 from __future__ import annotations
 
 import copy
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import SpecDecError
+from .grouped_attention import restore_attention, unavailable, use_grouped_attention
 from .torch_private import (
     mkldnn_bf16_available,
     mkldnn_linear_available,
@@ -47,11 +48,12 @@ logger = logging.getLogger(__name__)
 KERNELS = ("stock", "onednn")  # what --kernels takes: PyTorch's default linear, oneDNN's prepacked one
 ROWS = (1, 2, 4, 8, 16)  # rows a linear is timed at: a plain step, and the verification sizes of drafts
 _ATTR = "_hf_specdec_kernels"
+GROUPED_ONLY = "grouped-attention"  # kernels_of a model whose attention alone was switched
 _SHAPES = "_hf_specdec_packed_shapes"
 
 
 def kernels_of(model: nn.Module) -> str:
-    """The kernels ``model`` runs: ``"onednn"`` after :func:`apply_kernels` packed any layer, else ``"stock"``."""
+    """What :func:`apply_kernels` left ``model`` on: ``"onednn"``, :data:`GROUPED_ONLY` or ``"stock"``."""
     return model.__dict__.get(_ATTR, "stock")
 
 
@@ -167,6 +169,7 @@ class KernelReport:
     linear_layers: int = 0
     extra_bytes: int = 0
     shapes: list[ShapeTiming] = field(default_factory=list)
+    attention: str = ""  # what grouped_attention.py did, or why the attention is as it was
 
     def __str__(self) -> str:
         if self.kernels == "stock":
@@ -174,6 +177,7 @@ class KernelReport:
         lines = [
             f"kernels: onednn, {self.packed_layers} of {self.linear_layers} linear layers packed"
             + (f" (+{self.extra_bytes / 2**20:.0f} MiB for shared weights)" if self.extra_bytes else "")
+            + f"; attention: {self.attention or 'as it was'}"
         ]
         for s in self.shapes:
             ratio = ", ".join(f"{r}: {s.stock_ms[r]:.3f}/{s.onednn_ms[r]:.3f}" for r in sorted(s.stock_ms))
@@ -187,12 +191,12 @@ class KernelReport:
 def _best_ms(fn, repeats: int) -> float:
     """The fastest of ``repeats`` calls, in ms: what the kernel costs, without the machine's other load."""
     fn()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
 
 
 def time_shape(
@@ -248,16 +252,15 @@ def apply_kernels(
     linears = {name: _shape(m) for name, m in model.named_modules() if type(m) is nn.Linear}
     already = sum(isinstance(m, PackedLinear) for m in model.modules())
     head = _drafter_head(model)
-    uses: dict[int, int] = {}  # data_ptr -> parameters on it: a weight with more than one user is shared
-    for _, p in model.named_parameters(remove_duplicate=False):
-        uses[p.data_ptr()] = uses.get(p.data_ptr(), 0) + 1
+    # data_ptr -> parameters on it: a weight with more than one user is shared
+    uses = Counter(p.data_ptr() for _, p in model.named_parameters(remove_duplicate=False))
     shapes: dict[tuple, list[str]] = {}  # names only: no reference keeps a replaced layer alive
     for name, shape in linears.items():
         shapes.setdefault(shape, []).append(name)
     if head is not None:
         shapes.setdefault((head.shape[1], head.shape[0], False), [])
-    report = KernelReport("onednn", linear_layers=len(linears) + (head is not None) + already)
-    report.packed_layers = already
+    total = len(linears) + (head is not None) + already
+    report = KernelReport("onednn", packed_layers=already, linear_layers=total)
     packed_shapes = set()
     for (n_in, n_out, has_bias), names in shapes.items():
         if measure:
@@ -285,6 +288,8 @@ def apply_kernels(
     if head is not None and (head.shape[1], head.shape[0], False) in packed_shapes:
         report.extra_bytes += _pack_drafter_head(model, head)
         report.packed_layers += 1
+    grouped = use_grouped_attention(model)
+    report.attention = "grouped key/value heads under masks" if grouped else unavailable(model)
     if report.packed_layers:
         packed = sorted({_shape(m) for m in model.modules() if isinstance(m, PackedLinear)})
         if isinstance(model.__dict__.get("_head"), PackedLinear):
@@ -293,12 +298,14 @@ def apply_kernels(
         model.__dict__[_SHAPES] = ";".join("x".join(map(str, s)) for s in packed)
     else:
         report.kernels, report.reason = "stock", "oneDNN was not faster for any layer shape on this machine"
-        logger.warning("hf_specdec.apply_kernels: nothing changed: %s", report.reason)
+        logger.warning("hf_specdec.apply_kernels: no layer packed: %s", report.reason)
+        if grouped:
+            model.__dict__[_ATTR] = GROUPED_ONLY
     return report
 
 
 def _shape(m: nn.Module) -> tuple[int, int, bool]:
-    return (m.in_features, m.out_features, m.bias is not None)
+    return m.in_features, m.out_features, m.bias is not None
 
 
 def packed_shapes(model: nn.Module) -> str:
@@ -337,6 +344,7 @@ def restore_kernels(model: nn.Module) -> nn.Module:
     head = model.__dict__.get("_head")
     if isinstance(head, PackedLinear):
         model.__dict__["_head"] = head.weight
+    restore_attention(model)
     model.__dict__.pop(_ATTR, None)
     model.__dict__.pop(_SHAPES, None)
     return model

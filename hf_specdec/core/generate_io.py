@@ -36,7 +36,8 @@ from .sliding_window import verification_cache
 from .stats import DecodeStats
 from .timing import clock
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D attention mask
+# implementations that take a custom 4D attention mask (hf_specdec_sdpa: grouped_attention.py, sdpa's masks)
+SUPPORTED_ATTENTION = ("sdpa", "eager", "hf_specdec_sdpa")
 NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
 STREAMER_KEYWORD = "specdec_streamer"
 # GenerationConfig options no loop implements: (option, when it is on, the mode it asks for)
