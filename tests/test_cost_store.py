@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from hf_specdec.core import cost_store, verify_cost
@@ -12,21 +13,19 @@ from hf_specdec.kernels import apply_kernels
 from .conftest import tiny_llama
 
 
-def test_a_stored_curve_is_read_back_instead_of_timed(tmp_path, monkeypatch):
+def test_a_learnt_curve_is_stored_and_is_the_next_process_prior(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_SPECDEC_COST_STORE", str(tmp_path / "costs.json"))
     context = torch.arange(3, 20)
-    first = verify_cost.measured_cost(tiny_llama(), context, repeats=1)
+    first = verify_cost.measured_cost(tiny_llama(), context)
+    first.save()
+    assert not (tmp_path / "costs.json").exists()  # nothing learnt yet: nothing stored
+    for q, t in ((1, 0.01), (1, 0.01), (2, 0.013), (2, 0.013)):
+        first.observe(q, t)
+    first.save()
     stored = json.loads((tmp_path / "costs.json").read_text())
     assert len(stored) == 1 and next(iter(stored)).startswith("verify | ")
-
-    def no_timing(*args, **kwargs):
-        raise AssertionError("a stored curve was timed again")
-
-    monkeypatch.setattr(verify_cost, "forward_times", no_timing)
-    again = verify_cost.measured_cost(
-        tiny_llama(), context, repeats=1
-    )  # a new model object: as a new process
-    assert again.relative == first.relative
+    again = verify_cost.measured_cost(tiny_llama(), context)  # a new model object: as a new process
+    assert again is not first and again.relative == first.relative and again(2) == pytest.approx(1.3)
 
 
 def test_the_key_tells_models_and_kernels_apart(tmp_path, monkeypatch):

@@ -34,17 +34,16 @@ def test_clock_synchronises_a_cuda_device_and_not_the_cpu(monkeypatch):
     assert len(calls) == 3  # nothing to wait for on the CPU
 
 
-def test_verify_cost_and_pld_plus_cost_curve_time_through_the_helper(monkeypatch):
+def test_the_timed_curve_times_through_the_helper_and_generate_times_nothing(monkeypatch):
     calls = _record(monkeypatch)
     model = tiny_llama()
     forward_times(model, torch.arange(3, 40), sizes=(1, 4), repeats=2)
     assert calls == [torch.device("cpu")] * (2 * 2 * 2)  # start and end of every timed forward
     calls.clear()
     prompt = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6]])
-    model.generate(
-        prompt, max_new_tokens=3, do_sample=False, custom_generate=hf_specdec.pld_plus
-    )  # measures c(q)
-    assert calls and set(calls) == {torch.device("cpu")}
+    # the learnt c(q) times the loop's own forwards with DeviceTimer marks: no timed forward, no wait
+    model.generate(prompt, max_new_tokens=3, do_sample=False, custom_generate=hf_specdec.pld_plus)
+    assert calls == []
 
 
 def test_cost_curve_times_its_sizes_back_to_back(monkeypatch):

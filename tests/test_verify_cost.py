@@ -1,6 +1,15 @@
+import pytest
 import torch
 
-from hf_specdec.core.verify_cost import SIZES, CostCurve, interpolate, measured_cost
+from hf_specdec.core import verify_cost
+from hf_specdec.core.verify_cost import (
+    PRIOR,
+    CostCurve,
+    CostObserver,
+    LearnedCurve,
+    interpolate,
+    measured_cost,
+)
 from tests.conftest import tiny_llama
 
 
@@ -16,21 +25,59 @@ def test_cost_curve_is_relative_to_one_token_and_never_below_it():
     assert abs(CostCurve.linear(0.1)(11) - 2.0) < 1e-9
 
 
-def test_measured_once_per_model_and_dtype():
+def test_one_learnt_curve_per_model_and_setting_starting_from_the_prior(monkeypatch):
+    def no_timing(*args, **kwargs):
+        raise AssertionError("generate's curve must not be timed")
+
+    monkeypatch.setattr(verify_cost, "forward_times", no_timing)
     model = tiny_llama()
     context = torch.arange(3, 40)
-    curve = measured_cost(model, context, repeats=1)
-    assert measured_cost(model, context) is curve  # cached on the model: no second timing
-    assert sorted(curve.relative) == list(SIZES) and curve(1) == 1.0
-    assert measured_cost(tiny_llama(), context, repeats=1) is not curve
+    curve = measured_cost(model, context)
+    assert isinstance(curve, LearnedCurve) and measured_cost(model, context) is curve  # kept on the model
+    assert curve.relative == PRIOR and curve(1) == 1.0
+    assert measured_cost(tiny_llama(), context) is not curve
 
 
-def test_a_long_prompt_gets_a_curve_timed_at_its_context():
-    from hf_specdec.core import verify_cost
+def test_the_learnt_curve_asks_for_plain_steps_and_follows_its_samples():
+    curve = LearnedCurve(PRIOR)
+    assert curve.needs_plain()  # no t(1) yet: the first steps draft nothing
+    curve.observe(1, 0.010)
+    assert curve.needs_plain() and curve(2) == pytest.approx(PRIOR[2])
+    curve.observe(1, 0.010)
+    assert not curve.needs_plain()
+    for _ in range(2):
+        curve.observe(2, 0.016)
+        curve.observe(4, 0.020)
+    assert curve(2) == pytest.approx(1.6) and curve(4) == pytest.approx(2.0)
+    assert curve(3) == pytest.approx(1.8)  # between two sizes seen: interpolated
+    assert curve(16) == pytest.approx(2.0 * PRIOR[16] / PRIOR[4])  # beyond them: the prior's shape
+    curve.observe(8, 0.5)
+    assert curve(8) == pytest.approx(2.0 * PRIOR[8] / PRIOR[4])  # one sample of a size is not yet trusted
+    for _ in range(LearnedCurve.REFRESH):
+        curve.observe(2, 0.016)
+    assert curve.needs_plain()  # t(1) has grown old: a plain step again
+    curve.observe(1, 0.008)
+    assert not curve.needs_plain() and curve(2) == pytest.approx(
+        0.016 / 0.010
+    )  # the median of 3 samples of t(1)
 
+
+def test_the_observer_feeds_the_curve_the_generation_uses():
     model = tiny_llama()
-    short = verify_cost.measured_cost(model, torch.arange(3, 40), repeats=1)
-    long = verify_cost.measured_cost(model, torch.arange(300) % 90 + 3, repeats=1)
-    assert long is not short and verify_cost.measured_cost(model, torch.arange(3, 60), repeats=1) is short
+    context = torch.arange(3, 40)
+    assert CostObserver(model, 37).curve is None  # no method asked for a curve: nothing is timed
+    curve = measured_cost(model, context)
+    observer = CostObserver(model, 37)
+    assert observer.curve is curve and CostObserver(model, 300).curve is None  # another context bucket
+    for q in (1, 1, 3, 3):
+        observer.stop(q, observer.start())
+    assert [len(curve.samples[q]) for q in (1, 3)] == [2, 2] and 3 in curve.relative
+
+
+def test_a_long_prompt_gets_a_curve_of_its_context():
+    model = tiny_llama()
+    short = verify_cost.measured_cost(model, torch.arange(3, 40))
+    long = verify_cost.measured_cost(model, torch.arange(300) % 90 + 3)
+    assert long is not short and verify_cost.measured_cost(model, torch.arange(3, 60)) is short
     assert verify_cost.context_bucket(300) == 256 and verify_cost.context_bucket(10) == 64
     assert any("context 256" in label for label in verify_cost.cached_curves(model))

@@ -96,7 +96,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec.core.verify_cost import measured_cost
+    from hf_specdec.core.verify_cost import timed_cost
     from hf_specdec.options import parse_ints
     from hf_specdec.target import load_target
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     always = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
     _, counts = frequent_tokens(train, 1, always)
     costs = draft_step_costs(drafter, target, sizes)
-    curve = measured_cost(target, torch.randint(3, 1000, (256,)))
+    curve = timed_cost(target, torch.randint(3, 1000, (256,)))
     c_verify = curve(args.gamma + 1)
     with validation_trainer(drafter, target, valid) as trainer:
         rows = vocab_table(trainer, drafter, counts, always, sizes, costs, c_verify, args.gamma)

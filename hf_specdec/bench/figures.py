@@ -47,6 +47,7 @@ def step_split(records: list[dict], unit: float | None, syncs: list[int] | None 
 def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
     """c per drafter method (``core.drafter_cost``): one draft forward over one target forward, timed here; a
     drafter shared by several methods is timed once."""
+    from ..core.draft_budget import set_drafter_cost
     from ..core.drafter_cost import drafter_cost
 
     timed: dict[int, float] = {}
@@ -56,6 +57,7 @@ def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
             key = id(runner.drafter)
             if key not in timed:
                 timed[key] = drafter_cost(runner.drafter, target)
+                set_drafter_cost(runner.drafter, target, timed[key])  # what later generations size by
             costs[name] = round(timed[key], 4)
     return costs
 

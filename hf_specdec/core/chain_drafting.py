@@ -13,7 +13,7 @@ from transformers.generation.logits_process import LogitsProcessorList, MinLengt
 
 from .draft_budget import ChainSizer, DraftBudget, measured_drafter_cost, shared_gate
 from .generate_io import eos_token_ids
-from .verify_cost import measured_cost
+from .verify_cost import CostObserver, measured_cost
 
 DEFAULT_GAMMA = 5  # gamma, the proposal length, when nothing else sets it
 
@@ -60,6 +60,13 @@ def chain_budget(
         budget = DraftBudget(measured_cost(target, ids[0]), measured_drafter_cost(drafter, target))
         generator.sizer = ChainSizer(budget)
         generator.gate = shared_gate(drafter, target)
+        generator.observer = CostObserver(target, ids.shape[-1])  # learns c(q) from the verifications
+
+
+def _mark(generator: CandidateGenerator, q: int) -> None:
+    """The verification of ``q`` tokens starts now (the assisted loop runs it once the candidates are returned)."""
+    observer = getattr(generator, "observer", None)
+    generator.verifying = None if observer is None else (q, observer.start())
 
 
 def chain_start(generator: CandidateGenerator) -> bool:
@@ -67,8 +74,9 @@ def chain_start(generator: CandidateGenerator) -> bool:
     drafted steps have not paid; the assisted loop then verifies no candidate, a plain step), else the sizer starts
     on the gate's corrected estimates."""
     generator.pending = None
-    gate = generator.gate
-    if gate is not None and not gate.draft_now():
+    gate, budget = generator.gate, generator.sizer.budget
+    if not (budget.draft_now(gate) if budget is not None else gate is None or gate.draft_now()):
+        _mark(generator, 1)
         return False
     generator.sizer.start(1.0 if gate is None else gate.estimate_scale)
     return True
@@ -78,6 +86,7 @@ def chain_drafted(generator: CandidateGenerator) -> None:
     """The drafted step's record (``ChainSizer.record``), fed to the gate by :func:`chain_verified`."""
     if generator.gate is not None:
         generator.pending = generator.sizer.record()
+    _mark(generator, 1 + generator.sizer.kept)
 
 
 def chain_verified(generator: CandidateGenerator, input_ids: torch.Tensor, num_matches: int) -> None:
@@ -85,6 +94,9 @@ def chain_verified(generator: CandidateGenerator, input_ids: torch.Tensor, num_m
     ``num_matches + 1`` tokens the verification emitted; the first of them is read (one host read) only when the step
     kept no draft and its first token is scored for free."""
     record, generator.pending = generator.pending, None
+    verifying, generator.verifying = getattr(generator, "verifying", None), None
+    if verifying is not None:
+        generator.observer.stop(*verifying)
     if record is None:
         return
     emitted = [int(input_ids[0, -1 - int(num_matches)])] if record[2] is not None else []

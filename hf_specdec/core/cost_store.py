@@ -1,14 +1,13 @@
-"""Measured costs kept on disk, so that a process's first ``generate`` call spends no time measuring them.
+"""Measured costs kept on disk, so that a later process starts from what an earlier one learnt.
 
-The draft-sizing rule needs the verification cost curve ``c(q)`` (``verify_cost.py``) and a drafter's cost ``c_d``
-(``draft_budget.measured_drafter_cost``). Timing them takes a few dozen forwards, which a script that makes a single
-``generate`` call would pay on its own clock. Each measurement is therefore stored once in a JSON file. It is keyed
-by what it depends on: the model (its class, config and a probe of its weights, :func:`model_id`), the setting (dtype,
-device, threads, kernels, batch), the CPU model (or GPU name) and the torch version. Any later process on the same
-machine reads it back instead of timing again.
+The draft-sizing rule needs the verification cost curve ``c(q)`` (``verify_cost.py``, learnt from the decoding's
+own forwards) and a drafter's cost ``c_d`` (``draft_budget.measured_drafter_cost``, timed by ``hf-specdec bench``).
+Each is stored in a JSON file, keyed by what it depends on: the model (its class, config and a probe of its weights,
+:func:`model_id`), the setting (dtype, device, threads, kernels, batch), the CPU model (or GPU name) and the torch
+version. A later process on the same machine starts from it instead of from the priors.
 
 The file is ``$HF_SPECDEC_HOME/costs.json`` (default ``~/.cache/hf_specdec``). ``HF_SPECDEC_COST_STORE`` names
-another file, and ``HF_SPECDEC_COST_STORE=off`` turns the store off, so every process measures again. It holds
+another file, and ``HF_SPECDEC_COST_STORE=off`` turns the store off, so every process starts from the priors. It holds
 plain numbers only. A file that cannot be read or parsed counts as empty, and is rewritten on the next store.
 """
 

@@ -1,7 +1,7 @@
 """Drafts sized by their cost (issue #31 point 3): a draft token is kept only if it pays for the time it adds.
 
 Time of one step, in one-token target forwards: ``T = c(q) + k * c_d``, with ``q = 1 + n`` the tokens the target
-verifies (the root and ``n`` drafted nodes; ``c(q)``: the measured verification cost curve,
+verifies (the root and ``n`` drafted nodes; ``c(q)``: the learnt verification cost curve,
 ``core/verify_cost.py``, ``c(1) = 1``) and ``k`` drafter forwards of cost ``c_d`` each (``core/drafter_cost.py``;
 edd-pct.txt's s_d/s_t). Tokens it yields: ``E = 1 + sum_i e_i``, where ``e_i`` is node ``i``'s probability of being
 accepted, estimated by the drafter as the product of the confidences along its path (CAPE's ``P(reach i) * p``,
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
+
 from ..kernels import kernels_of
 from .cost_store import entry_key, lookup, store
 from .verify_cost import CostCurve, setting_key, setting_label
@@ -47,6 +49,14 @@ class DraftBudget:
 
     def __init__(self, cost: CostCurve | Callable[[int], float], drafter_cost: float = 0.0, rows: int = 1):
         self.cost, self.drafter_cost, self.rows = cost, float(drafter_cost), int(rows)
+
+    def draft_now(self, gate: DraftGate | None) -> bool:
+        """Draft this step? Not while the learnt cost curve asks for a plain step (``verify_cost.LearnedCurve``: a
+        ``t(1)`` sample); else ``gate``'s answer (always, without one)."""
+        needs_plain = getattr(self.cost, "needs_plain", None)
+        if needs_plain is not None and needs_plain():
+            return False
+        return gate is None or gate.draft_now()
 
     def marginal(self, n: int) -> float:
         """The time one more verified node adds to a tree of ``n`` nodes (``q = 1 + n``), for every row."""
@@ -104,23 +114,54 @@ class DraftBudget:
 
 
 def measured_drafter_cost(drafter, target) -> float:
-    """``c_d`` of ``drafter`` on ``target`` on this machine (``drafter_cost.drafter_cost``, 9 interleaved samples:
-    about ten target steps on the first decoding step), timed once per dtype, device, threads and kernels on a
-    machine (``cost_store.py`` keeps it on disk for later processes) and kept on the drafter."""
-    from .drafter_cost import drafter_cost
+    """``c_d`` of ``drafter`` on ``target`` on this machine: what the cost store holds for this dtype, device,
+    threads and kernels (written by :func:`set_drafter_cost`: ``hf-specdec bench`` times it), else
+    :func:`drafter_cost_prior`, so no forward is spent on it during ``generate``. Kept on the drafter."""
+    key = _drafter_key(drafter, target)
+    cache = drafter.__dict__.setdefault(_ATTR, {})
+    if key not in cache:
+        c = lookup(entry_key("drafter", [drafter, target], key))
+        cache[key] = c if isinstance(c, float) else drafter_cost_prior(drafter, target)
+    return cache[key]
 
+
+def set_drafter_cost(drafter, target, c: float) -> None:
+    """Use ``c`` (timed by ``drafter_cost.drafter_cost``) as ``c_d`` from now on, in this process and later ones."""
+    key = _drafter_key(drafter, target)
+    drafter.__dict__.setdefault(_ATTR, {})[key] = float(c)
+    store(entry_key("drafter", [drafter, target], key), float(c))
+
+
+# c_d over the byte ratio: a drafter step reads fewer bytes than its share of a target step's time (SmolLM2-135M,
+# fp32, AMD Zen 5, 2 threads: GLIDE 0.072 timed against 0.066 by bytes, EDD 0.097 against 0.061)
+PRIOR_OVERHEAD = 1.25
+
+
+def drafter_cost_prior(drafter, target) -> float:
+    """``c_d`` before it is timed: decoding one token reads every weight once, so a drafter step (its own layers and
+    the head rows it scores) costs about its bytes over the target's (the input embedding excluded: one row is
+    read), times :data:`PRIOR_OVERHEAD`."""
+
+    def nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    head = target.get_output_embeddings().weight
+    embedding = target.get_input_embeddings().weight
+    shared = {head.data_ptr(), embedding.data_ptr()}
+    own = sum(nbytes(p) for p in drafter.parameters() if p.data_ptr() not in shared)
+    ids = getattr(drafter, "draft_vocab_ids", None)
+    rows = head.shape[0] if ids is None else len(ids)
+    whole = sum(nbytes(p) for p in target.parameters())  # a tied head and embedding count once
+    if embedding.data_ptr() != head.data_ptr():
+        whole -= nbytes(embedding)
+    return PRIOR_OVERHEAD * (own + rows * head.shape[1] * head.element_size()) / whole
+
+
+def _drafter_key(drafter, target) -> tuple:
     key = setting_key(target)
     if kernels_of(drafter) != key[3]:  # the drafter's own layers on other kernels than the target's
         key = (*key[:3], f"target {key[3]}, drafter {kernels_of(drafter)}")
-    cache = drafter.__dict__.setdefault(_ATTR, {})
-    if key not in cache:
-        stored = entry_key("drafter", [drafter, target], key)
-        c = lookup(stored)
-        if not isinstance(c, float):
-            c = drafter_cost(drafter, target, repeats=9)
-            store(stored, c)
-        cache[key] = c
-    return cache[key]
+    return key
 
 
 def cached_drafter_costs(drafter) -> dict[str, float]:

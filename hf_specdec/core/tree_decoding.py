@@ -50,6 +50,7 @@ from .sliding_window import LayerMasks, verification_cache
 from .stats import DecodeStats
 from .timing import clock, untimed
 from .tree import TokenTree, host_to_device
+from .verify_cost import CostObserver
 
 __all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer interface lives in proposer.py
 
@@ -127,6 +128,7 @@ def tree_generate(
             row.proposer.start(model, row.tokens, cfg)
     stats.draft_time += tick(device) - t0
     outputs = GenerateOutputs(cfg)
+    observer = CostObserver(model, input_ids.shape[1] - pads[0], len(pads))  # learns c(q) from the steps
     finished = _decode(
         model,
         rows,
@@ -140,7 +142,9 @@ def tree_generate(
         streamer,
         tick,
         batch_cost,
+        observer,
     )
+    observer.finish()
     finish(stats, streamer, t_start, device, tick)
     if len(rows) == 1:
         return outputs.result(finished[0], layout.cache)
@@ -162,7 +166,19 @@ class _Row:
 
 
 def _decode(
-    model, rows, layout, inputs, cfg, logits_processor, stop, outputs, stats, streamer, tick, batch_cost
+    model,
+    rows,
+    layout,
+    inputs,
+    cfg,
+    logits_processor,
+    stop,
+    outputs,
+    stats,
+    streamer,
+    tick,
+    batch_cost,
+    observer,
 ):
     """The loop, for every batch size: ONE target forward verifies every row's ``[root, tree]``; each row accepts on
     its own logits; ``layout`` keeps each row's accepted path in the cache; a finished row leaves the batch; the
@@ -179,7 +195,7 @@ def _decode(
     roots_at, is_prefill, draft_s = [fed.shape[1] - 1] * len(rows), True, 0.0
     while True:
         prefix = layout.length  # cached entries before this forward (a batch of one: its compacted sequence)
-        t0 = tick(device)
+        t0, mark = tick(device), None if is_prefill else observer.start()
         out = model(
             input_ids=fed,
             position_ids=positions,
@@ -192,6 +208,8 @@ def _decode(
             **logits_to_keep(model, fed.shape[1] - min(roots_at)),
         )
         verify_s = tick(device) - t0
+        if not is_prefill:
+            observer.stop(fed.shape[1], mark)
         logits = out.logits.to(torch.float32)
         first = fed.shape[1] - logits.shape[1]  # fed index of logits row 0
         results = []

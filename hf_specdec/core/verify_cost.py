@@ -3,18 +3,25 @@
 Speculative decoding pays off when a forward over ``q`` tokens (the last token plus ``q - 1`` drafted ones)
 yields more tokens than it costs, in units of a plain one-token forward. That cost curve ``c(q) = t(q) / t(1)``
 depends on the model, its dtype, its kernels (``hf_specdec.kernels``), the hardware, the thread count and the
-context length, so it is measured, with a few timed forwards, once per (model, dtype, device, threads, kernels,
-context length) and kept on the model object and on disk (``cost_store.py``), so later ``generate`` calls and
-later processes reuse it.
+context length.
+
+It is learnt while decoding, from the decoding's own forwards (:class:`LearnedCurve`): each verification forward
+the loop runs anyway is a sample of ``t(q)`` for its ``q``, so no forward is spent on measuring and a process's first
+``generate`` call runs at full speed. Until a size has been seen, ``c(q)`` is the prior: the curve an earlier
+process learnt on the same machine (``cost_store.py``), else :data:`PRIOR`. One curve is kept per (model, dtype,
+device, threads, kernels, context length, batch) on the model object, so later calls go on from what earlier ones
+learnt. :func:`forward_times` still times a curve directly (the bench's report, ``draft-vocab``).
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 
 from ..kernels import kernels_of
 from .cost_store import entry_key, lookup, store
-from .timing import device_of, median, seconds
+from .timing import DeviceTimer, device_of, median, seconds
 
 # query lengths timed; c(q) in between is linear interpolation, beyond is extrapolation. 2 and 3 are timed: on a
 # CPU in fp32 they can cost more than 4 (AMD Zen 5, 2 threads: c(2) 1.59, c(3) 1.97, c(4) 1.52), which no line
@@ -87,6 +94,10 @@ class CostCurve:
             c = self._memo[q] = max(interpolate(self.relative, q), 1.0)
         return c
 
+    def needs_plain(self) -> bool:
+        """Whether this step should verify the last token alone (a :class:`LearnedCurve` asking for a ``t(1)``)."""
+        return False
+
     @classmethod
     def linear(cls, slope: float) -> CostCurve:
         """``c(q) = 1 + slope * (q - 1)`` (tests, or a user who measured their own)."""
@@ -96,30 +107,127 @@ class CostCurve:
         return "CostCurve(" + ", ".join(f"c({q})={c:.2f}" for q, c in sorted(self.relative.items())) + ")"
 
 
-def measured_cost(model, context: torch.Tensor, repeats: int = 5, batch: int = 1) -> CostCurve:
-    """The model's :class:`CostCurve` on this machine after ``context`` (the prompt): timed once per model, dtype,
-    device, threads, kernels, batch and context length (after the last :func:`context_bucket` tokens of
-    ``context``) on a machine (``cost_store.py`` keeps it on disk for later processes), then kept on the model.
-    ``batch``: the curve of a batch of that many rows, ``t_B(q) / t_B(1)`` (every row verifying ``q`` tokens).
+# c(q) before any sample, on a machine where nothing was learnt yet: about what oneDNN kernels give in fp32 and
+# native bf16 on the CPUs measured (AMD Zen 4 / 5, 2 threads, after 64 tokens: c(2) 1.10-1.16, c(4) 0.98-1.08,
+# c(16) 1.07-1.38), so a drafter proposes from its first step and the sizes it proposes are then measured
+PRIOR = {1: 1.0, 2: 1.12, 4: 1.15, 8: 1.25, 16: 1.5, 64: 3.0}
 
-    ``repeats``: 5 interleaved samples. Five processes each (SmolLM2-135M, fp32, AMD EPYC Zen 1, 2 threads) spread
-    c(2), c(3), c(4) over 8%, 21%, 8% of their value with 3 samples, 4%, 5%, 5% with 5 (2%, 3%, 5% with 15); a
-    sample there costs ~14 one-token forwards (1.4 s)."""
-    bucket = context_bucket(context.shape[-1])
-    key = (
+
+class LearnedCurve(CostCurve):
+    """A :class:`CostCurve` learnt from the decoding's own verification forwards.
+
+    :meth:`observe` takes the seconds of a forward over ``q`` tokens; ``t(q)`` is the median of the last
+    :data:`WINDOW` samples of that size, and ``c(q) = t(q) / t(1)`` for every size seen at least twice. Other sizes
+    are interpolated between the sizes seen, and beyond them follow ``prior``'s shape. A ``t(1)`` sample comes from
+    a step that drafts nothing: :meth:`needs_plain` asks for one (the proposers then skip that step's draft) while
+    fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old, so the
+    ratios follow the machine as its speed drifts. Where one sample of each size has been seen the curve is written
+    to the cost store for later processes."""
+
+    WINDOW = 16
+    BASE_SAMPLES = 2
+    REFRESH = 64
+
+    def __init__(self, prior: dict[int, float], stored_key: str | None = None):
+        super().__init__(prior)
+        self.prior = dict(self.relative)
+        self.samples: dict[int, deque] = {}
+        self.seen = 0  # observations so far
+        self.base_seen = -(10**9)  # ``seen`` at the newest t(1) sample
+        self.stored_key = stored_key
+
+    def needs_plain(self) -> bool:
+        base = self.samples.get(1, ())
+        return len(base) < self.BASE_SAMPLES or self.seen - self.base_seen > self.REFRESH
+
+    def observe(self, q: int, seconds: float) -> None:
+        """One verification forward over ``q`` tokens took ``seconds``."""
+        self.samples.setdefault(q, deque(maxlen=self.WINDOW)).append(seconds)
+        self.seen += 1
+        if q == 1:
+            self.base_seen = self.seen
+        if len(self.samples.get(1, ())) >= self.BASE_SAMPLES:
+            self.relative = self._learnt()
+            self._memo.clear()
+
+    def _learnt(self) -> dict[int, float]:
+        base = median(list(self.samples[1]))
+        seen = {q: max(median(list(s)) / base, 1.0) for q, s in self.samples.items() if len(s) >= 2 or q == 1}
+        top = max(seen)
+        beyond = {q: seen[top] * c / interpolate(self.prior, top) for q, c in self.prior.items() if q > top}
+        return dict(sorted({**seen, **beyond}.items()))
+
+    def save(self) -> None:
+        """Write what was learnt to the cost store (nothing before a ``t(1)`` and one other size are known)."""
+        if self.stored_key is not None and len(self.relative) > 1 and len(self.samples.get(1, ())) >= 2:
+            store(self.stored_key, {str(q): c for q, c in self.relative.items()})
+
+
+def measured_cost(model, context: torch.Tensor, batch: int = 1) -> LearnedCurve:
+    """The model's :class:`LearnedCurve` on this machine after ``context`` (the prompt's ids; its length picks the
+    :func:`context_bucket`) for a batch of ``batch`` rows: the one kept on the model for this setting, else a new
+    one whose prior is what the cost store holds for it (or :data:`PRIOR`). No forward runs here; the decoding loops
+    feed it (:class:`CostObserver`)."""
+    key = curve_key(model, context.shape[-1], batch)
+    cache = model.__dict__.setdefault(_ATTR, {})
+    if key not in cache:
+        stored = entry_key("verify", [model], (*key, "learnt"))
+        prior = lookup(stored)
+        prior = {int(q): float(c) for q, c in prior.items()} if isinstance(prior, dict) and prior else PRIOR
+        cache[key] = LearnedCurve(prior, stored)
+    return cache[key]
+
+
+def curve_key(model, context_length: int, batch: int = 1) -> tuple:
+    """What a curve of ``model`` is kept by: :func:`setting_key`, the context bucket and the batch."""
+    bucket = context_bucket(context_length)
+    return (
         setting_key(model)
         + ((f"context {bucket}",) if bucket > CONTEXTS[0] else ())
         + ((batch,) if batch > 1 else ())
     )
-    cache = model.__dict__.setdefault(_ATTR, {})
-    if key not in cache:
-        stored = entry_key("verify", [model], (*key, f"sizes {SIZES}, {repeats} samples"))
-        times = lookup(stored)
-        if not isinstance(times, dict):
-            times = forward_times(model, context[-bucket:], SIZES, repeats, batch)
-            store(stored, {str(q): t for q, t in times.items()})
-        cache[key] = CostCurve({int(q): float(t) for q, t in times.items()})
-    return cache[key]
+
+
+class CostObserver:
+    """Feeds a decoding loop's verification forwards to the model's :class:`LearnedCurve` for this generation.
+
+    ``start()`` before the forward, ``stop(q, mark)`` after it. Marks are :class:`~.timing.DeviceTimer` marks: on a
+    CUDA device, events read once the device has passed them (a pair not done yet is read on a later step), so
+    nothing waits; on the CPU, the clock. ``finish()`` stores the curve. Without a curve for this setting (no method
+    asked for one), it does nothing."""
+
+    def __init__(self, model, context_length: int, batch: int = 1):
+        self.curve = model.__dict__.get(_ATTR, {}).get(curve_key(model, context_length, batch))
+        self.timer = DeviceTimer(device_of(model)) if self.curve is not None else None
+        self.pending: list[tuple] = []
+
+    def start(self):
+        return None if self.timer is None else self.timer.mark()
+
+    def stop(self, q: int, start) -> None:
+        if self.timer is None:
+            return
+        self.pending.append((q, start, self.timer.mark()))
+        still = []
+        for q, a, b in self.pending:
+            elapsed = self.timer.elapsed(a, b)
+            if elapsed is None:
+                still.append((q, a, b))
+            else:
+                self.curve.observe(q, elapsed)
+        self.pending = still
+
+    def finish(self) -> None:
+        if self.curve is not None:
+            self.curve.save()
+
+
+def timed_cost(model, context: torch.Tensor, repeats: int = 5, batch: int = 1) -> CostCurve:
+    """A :class:`CostCurve` timed now with :func:`forward_times` after the last :func:`context_bucket` tokens of
+    ``context`` (``repeats`` interleaved samples of every size in :data:`SIZES`): what a report or a tool that
+    sizes something once (``draft-vocab``) uses, not the decoding loops."""
+    bucket = context_bucket(context.shape[-1])
+    return CostCurve(forward_times(model, context[-bucket:], SIZES, repeats, batch))
 
 
 def setting_key(model) -> tuple:

@@ -181,7 +181,8 @@ class CapeProposer(TreeProposer):
     def propose(self, input_ids: torch.Tensor, max_depth: int) -> TokenTree:
         gamma = min(self.gamma, max_depth)
         self.last_confidences, self.last_sizes, self.last_chain = [], [], 0
-        if gamma <= 0 or self.state is None or (self.gate is not None and not self.gate.draft_now()):
+        drafting = self.budget is None or self.budget.draft_now(self.gate)
+        if gamma <= 0 or self.state is None or not drafting:
             return TokenTree.empty(input_ids.device)  # a skipped step: the drafter catches up on the next one
         # the estimates, corrected by what was accepted
         scale = 1.0 if self.gate is None else self.gate.estimate_scale

@@ -114,6 +114,10 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self._where: dict[int, list[int]] = {}
         self.last_draft: list[int] = []  # the tokens the last get_candidates drafted (host list)
         self._eos = set() if eos_token_id is None else set(eos_token_id.reshape(-1).tolist())  # read once
+        # feeds the learnt c(q) in transformers' assisted loop (PLD+(a), core/verify_cost.CostObserver; the tree
+        # core times its own forwards): a draft's verification starts when get_candidates returns
+        self.observer = None
+        self._verifying: tuple | None = None
         self.steps = 0  # drafting opportunities (calls after the prefill)
         self.drafted_steps = 0  # ... that proposed a draft
         self.drafted_tokens = 0
@@ -182,6 +186,12 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         n_last_matches: int = 0,
         **kwargs,
     ) -> tuple[torch.LongTensor, None]:
+        out = self._candidates(input_ids, model_outputs)
+        if self.observer is not None and model_outputs is not None:  # the assisted loop verifies them next
+            self._verifying = (out[0].shape[1] - input_ids.shape[1] + 1, self.observer.start())
+        return out
+
+    def _candidates(self, input_ids: torch.LongTensor, model_outputs) -> tuple[torch.LongTensor, None]:
         self._pending, self.last_draft = None, []
         if model_outputs is None:  # before the prefill: nothing to rank with yet
             return input_ids, None
@@ -225,6 +235,9 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
     ):
         """Record the copied-and-accepted span (App. D attribution). The token after the accepted draft tokens (the
         target's own, or an EOS the loop cut at) counts as copied too when it equals the source's next token."""
+        if self._verifying is not None:
+            self.observer.stop(*self._verifying)
+            self._verifying = None
         if self._pending is None:
             self.lengths.update(None, 0, 0)
         else:

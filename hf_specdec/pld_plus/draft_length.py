@@ -50,6 +50,8 @@ class DraftLength:
         self._last = "run" if j == self._continue_at else "fresh"
         if self.cost is None or cap < 1:
             return max(cap, 0)
+        if self.cost.needs_plain():  # a plain step: the learnt c(q) asks for a t(1) sample
+            return 0
         h, a = self.acceptance(self._last), min(self.acceptance("continue"), 0.999)
         best_k, best_gain, expected, term = 0, 1.0, 1.0, h
         for k in range(1, cap + 1):

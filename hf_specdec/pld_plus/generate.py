@@ -21,7 +21,7 @@ from ..core.generate_io import (
 )
 from ..core.stats import DecodeStats
 from ..core.tree_decoding import tree_generate
-from ..core.verify_cost import CostCurve, measured_cost
+from ..core.verify_cost import CostCurve, CostObserver, measured_cost
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
 from .attribution import PLDPlusGenerateOutput, merge_spans
@@ -84,7 +84,7 @@ def pld_plus(
             drafts the ``K`` with the best expected time gain on this machine (:class:`DraftLength`).
         pld_max_num_tokens: adaptive mode's largest ``K`` (default :data:`DEFAULT_MAX_TOKENS`).
         pld_cost: adaptive mode's verification cost curve (:class:`~hf_specdec.core.verify_cost.CostCurve`); default:
-            measured once on this machine (a dozen timed forwards on the first call, then cached on the model).
+            the model's curve on this machine, learnt from the decoding's own forwards (``core/verify_cost.py``).
         pld_priors: adaptive mode's prior hit rates of a fresh occurrence and of a running copy, and continuation rate
             (default :data:`DEFAULT_PRIORS`, from the summarize tuning).
         pld_layer: PLD+(h)'s hidden-state index ``l`` (default: :data:`DEFAULT_LAYER_FRACTION` of the depth).
@@ -171,6 +171,8 @@ def pld_plus(
     heads = _heads_for(model, pld_heads, pld_top_heads)
     with capture_selected_attention(model, heads, last_rows=k + 1) as heads_only:
         generator = PLDPlusCandidateGenerator("attention", heads=heads, heads_only=heads_only, **common)
+        if cost is not None:
+            generator.observer = CostObserver(model, input_ids.shape[-1])
         out = run_assisted_decoding(
             model,
             generator,
@@ -182,6 +184,8 @@ def pld_plus(
             streamer=streamer,
             **model_kwargs,
         )
+    if generator.observer is not None:
+        generator.observer.finish()
     return _with_attribution(out, generator.spans) if pld_return_attribution else out
 
 

@@ -62,7 +62,7 @@ from ..core.sliding_window import LayerMasks
 from ..core.stats import DecodeStats
 from ..core.timing import clock, untimed
 from ..core.tree import TokenTree, host_to_device
-from ..core.verify_cost import CostCurve, measured_cost
+from ..core.verify_cost import CostCurve, CostObserver, measured_cost
 from ..errors import SpecDecError
 
 
@@ -102,6 +102,7 @@ class _StepWidth:
 
     def __init__(self, curve: CostCurve, k: int):
         self.curve, self.k = curve, k
+        self.needs_plain = curve.needs_plain
 
     def __call__(self, q: int) -> float:
         return self.curve(1 + (q - 1) + q * self.k)
@@ -195,6 +196,7 @@ def space_generate(
     first: tuple[int, float, bool] | None = None
     cache, past = prepare_cache(model, input_ids, model_kwargs)
     masks = LayerMasks(model)  # sliding-window layers see their window (core/sliding_window.py)
+    observer = CostObserver(model, input_ids.shape[1])  # learns c(q) from the steps (core/verify_cost.py)
 
     cands: list[int] = []  # L_c
     cand_probs: list[torch.Tensor] = []  # P_c as full distributions (sampling only)
@@ -204,8 +206,9 @@ def space_generate(
         # real tokens not in the cache: the prompt, then the bonus token
         pending = sequence[past:]
         room = max_length - input_ids.shape[1]  # tokens still allowed; the bonus token takes one
-        c = max(0, min(len(cands), room - 1))
-        ks = k if gate is None or gate.draft_now() else 0  # masks per group this step
+        plain = budget is not None and budget.cost.needs_plain()  # a t(1) sample for the learnt c(q)
+        c = 0 if plain else max(0, min(len(cands), room - 1))
+        ks = k if not plain and (gate is None or gate.draft_now()) else 0  # masks per group this step
         ids = build_input(pending, cands[:c], ks, mask_id)
         mask_flags = [int(j >= len(pending) and (j - len(pending)) % (ks + 1) != ks) for j in range(len(ids))]
         fed_ids, is_mask = host_to_device([ids, mask_flags], device)  # one copy: the ids and which are masks
@@ -214,7 +217,7 @@ def space_generate(
         full = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), local], dim=1)
         rows = len(ids) - len(pending) + 1  # rows from x_l on
         fed_positions = positions(local, past)[None]
-        t0 = tick(device)
+        t0, mark = tick(device), observer.start()
         out = model(
             input_ids=fed_ids[None],
             position_ids=fed_positions,
@@ -225,6 +228,8 @@ def space_generate(
             **logits_to_keep(model, rows),
         )
         verify_s = tick(device) - t0
+        if len(pending) == 1:  # not the prefill: a verification forward, a sample of t(len(ids))
+            observer.stop(len(ids), mark)
         logits = out.logits[0, -rows:]  # row 0 = x_l
         del out
 
@@ -280,6 +285,7 @@ def space_generate(
             dict(drafted=c, accepted=n_acc, new_tokens=m, fed=len(ids), masks=ks, verify_s=verify_s)
         )
 
+    observer.finish()
     finish(stats, streamer, t_start, input_ids.device, tick)
     stats.draft_time = max(stats.total_time - stats.verify_time, 0.0)
     return outputs.result(input_ids, cache)
