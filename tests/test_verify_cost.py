@@ -45,9 +45,9 @@ def test_the_learnt_curve_asks_for_plain_steps_and_follows_its_samples():
     assert curve.needs_plain() and curve(2) == pytest.approx(PRIOR[2])
     curve.observe(1, 0.010)
     assert not curve.needs_plain()
-    for _ in range(2):
-        curve.observe(2, 0.016)
-        curve.observe(4, 0.020)
+    for t in (0.016, 0.030):  # the second sample slowed by the machine: the fastest counts
+        curve.observe(2, t)
+        curve.observe(4, t * 1.25)
     assert curve(2) == pytest.approx(1.6) and curve(4) == pytest.approx(2.0)
     assert curve(3) == pytest.approx(1.8)  # between two sizes seen: interpolated
     assert curve(16) == pytest.approx(2.0 * PRIOR[16] / PRIOR[4])  # beyond them: the prior's shape
@@ -57,9 +57,7 @@ def test_the_learnt_curve_asks_for_plain_steps_and_follows_its_samples():
         curve.observe(2, 0.016)
     assert curve.needs_plain()  # t(1) has grown old: a plain step again
     curve.observe(1, 0.008)
-    assert not curve.needs_plain() and curve(2) == pytest.approx(
-        0.016 / 0.010
-    )  # the median of 3 samples of t(1)
+    assert not curve.needs_plain() and curve(2) == pytest.approx(2.0)  # the fastest t(1) of the window: 0.008
 
 
 def test_the_observer_feeds_the_curve_the_generation_uses():

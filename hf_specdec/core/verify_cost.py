@@ -116,13 +116,15 @@ PRIOR = {1: 1.0, 2: 1.12, 4: 1.15, 8: 1.25, 16: 1.5, 64: 3.0}
 class LearnedCurve(CostCurve):
     """A :class:`CostCurve` learnt from the decoding's own verification forwards.
 
-    :meth:`observe` takes the seconds of a forward over ``q`` tokens; ``t(q)`` is the median of the last
-    :data:`WINDOW` samples of that size, and ``c(q) = t(q) / t(1)`` for every size seen at least twice. Other sizes
+    :meth:`observe` takes the seconds of a forward over ``q`` tokens; ``t(q)`` is the fastest of the last
+    :data:`WINDOW` samples of that size, and ``c(q) = t(q) / t(1)`` for every size seen at least twice. The fastest,
+    not the median: what else runs on the machine only ever slows a forward down, and a step of a size seen a few
+    times is as likely as not to have been slowed (a first step after the prefill is, by a third on the CPU). Other sizes
     are interpolated between the sizes seen, and beyond them follow ``prior``'s shape. A ``t(1)`` sample comes from
     a step that drafts nothing: :meth:`needs_plain` asks for one (the proposers then skip that step's draft) while
     fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old, so the
-    ratios follow the machine as its speed drifts. Where one sample of each size has been seen the curve is written
-    to the cost store for later processes."""
+    ratios follow the machine as its speed drifts. At the end of a generation the curve is written to the cost
+    store (:meth:`save`) for later processes."""
 
     WINDOW = 16
     BASE_SAMPLES = 2
@@ -151,8 +153,8 @@ class LearnedCurve(CostCurve):
             self._memo.clear()
 
     def _learnt(self) -> dict[int, float]:
-        base = median(list(self.samples[1]))
-        seen = {q: max(median(list(s)) / base, 1.0) for q, s in self.samples.items() if len(s) >= 2 or q == 1}
+        base = min(self.samples[1])
+        seen = {q: max(min(s) / base, 1.0) for q, s in self.samples.items() if len(s) >= 2 or q == 1}
         top = max(seen)
         beyond = {q: seen[top] * c / interpolate(self.prior, top) for q, c in self.prior.items() if q > top}
         return dict(sorted({**seen, **beyond}.items()))
