@@ -70,9 +70,7 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         # a plain attribute, not a registered parameter: the module that shares it owns (and converts) it
         self.__dict__["shared"] = linear.weight if shared else None
-        self.source = (
-            linear.weight.data_ptr()
-        )  # the dense matrix it was packed from (a drafter's head: the same?)
+        self.source = linear.weight.data_ptr()  # the dense matrix packed (a drafter's head: the same?)
         self.trainable = linear.weight.requires_grad  # what restore_kernels gives the dense weight back
 
     @property
@@ -173,7 +171,8 @@ class KernelReport:
 
     def __str__(self) -> str:
         if self.kernels == "stock":
-            return f"kernels: stock ({self.reason})" if self.reason else "kernels: stock"
+            grouped = f"; attention: {self.attention}" if self.attention.startswith("grouped") else ""
+            return f"kernels: stock{f' ({self.reason})' if self.reason else ''}{grouped}"
         lines = [
             f"kernels: onednn, {self.packed_layers} of {self.linear_layers} linear layers packed"
             + (f" (+{self.extra_bytes / 2**20:.0f} MiB for shared weights)" if self.extra_bytes else "")

@@ -177,3 +177,22 @@ def test_a_tied_head_loaded_without_its_copy_follows_the_embedding():
     reference = tiny_llama(tie_word_embeddings=True, seed=1).eval()
     with torch.no_grad():
         assert torch.allclose(model(x).logits, reference(x).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_drafter_cost_prior_reads_packed_layers_as_the_weights_they_pack(tied):
+    from hf_specdec.core.draft_budget import drafter_cost_prior, step_bytes
+
+    target = tiny_llama(tie_word_embeddings=tied).eval()
+    glide = _glide(target)
+    head = target.config.vocab_size * target.config.hidden_size * 4
+    layers = sum(
+        p.numel() * 4 for n, p in target.named_parameters() if "embed_tokens" not in n and "lm_head" not in n
+    )
+    assert step_bytes(target) == layers + head  # the head once (tied or not), no embedding table
+    stock = drafter_cost_prior(glide, target)
+    assert 0 < stock < 1
+    hf_specdec.apply_kernels(target, measure=False)
+    hf_specdec.apply_kernels(glide, measure=False)
+    assert step_bytes(target) == layers + head
+    assert drafter_cost_prior(glide, target) == pytest.approx(stock)

@@ -79,3 +79,11 @@ def test_a_long_prompt_gets_a_curve_of_its_context():
     assert long is not short and verify_cost.measured_cost(model, torch.arange(3, 60)) is short
     assert verify_cost.context_bucket(300) == 256 and verify_cost.context_bucket(10) == 64
     assert any("context 256" in label for label in verify_cost.cached_curves(model))
+
+
+def test_a_curve_no_loop_feeds_stops_asking_for_plain_steps():
+    curve = LearnedCurve(PRIOR)
+    asked = [curve.needs_plain() for _ in range(LearnedCurve.UNANSWERED + 3)]
+    assert asked == [True] * LearnedCurve.UNANSWERED + [False] * 3  # then drafts on its prior
+    curve.observe(1, 0.01)
+    assert curve.needs_plain()  # a loop feeds it after all: it asks again

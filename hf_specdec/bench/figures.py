@@ -63,8 +63,8 @@ def measure_drafter_costs(runners: dict, target) -> dict[str, float]:
 
 
 def sizing_costs(runners: dict, target) -> dict:
-    """The measured costs the cost-sized drafts of this run were sized by, as the first generation that needed them
-    measured them or read them from the cost store (``core/cost_store.py``; ``core/verify_cost.measured_cost`` and
+    """The costs the cost-sized drafts of this run were sized by, as the generations learnt them (starting from the
+    cost store, ``core/cost_store.py``; ``core/verify_cost.measured_cost`` and
     ``core/draft_budget.measured_drafter_cost``): the verification cost curve ``c(q)`` of each decoded model
     (``"target"``, or the method that decodes a model of its own) and each drafter method's ``c_d``. The tree sizes,
     and so tau, of two runs of the same command differ with these; the record says by how much they differed."""

@@ -53,8 +53,8 @@ def init_chain_drafting(
 def chain_budget(
     generator: CandidateGenerator, drafter: PreTrainedModel, target: PreTrainedModel, ids
 ) -> None:
-    """On the generator's first step: its :class:`ChainSizer` on the measured ``c(q)`` (``ids``: a context to time
-    it on) and ``c_d`` of this machine (both cached per model, dtype, device and threads), and the
+    """On the generator's first step: its :class:`ChainSizer` on the learnt ``c(q)`` (``ids``: the context, whose
+    length picks the curve) and ``c_d`` of this machine (both kept per model, dtype, device and threads), and the
     :class:`~hf_specdec.core.draft_budget.DraftGate` kept on the drafter for them (``shared_gate``)."""
     if generator.size_drafts and generator.sizer.budget is None:
         budget = DraftBudget(measured_cost(target, ids[0]), measured_drafter_cost(drafter, target))
@@ -64,9 +64,12 @@ def chain_budget(
 
 
 def _mark(generator: CandidateGenerator, q: int) -> None:
-    """The verification of ``q`` tokens starts now (the assisted loop runs it once the candidates are returned)."""
+    """The verification of ``q`` tokens starts now (the assisted loop runs it once the candidates are returned). The
+    first is not a sample: a drafter that drafts before the prefill has its candidates verified by the prefill."""
     observer = getattr(generator, "observer", None)
-    generator.verifying = None if observer is None else (q, observer.start())
+    first = not getattr(generator, "marked", False)
+    generator.marked = True
+    generator.verifying = None if observer is None or first else (q, observer.start())
 
 
 def chain_start(generator: CandidateGenerator) -> bool:

@@ -139,22 +139,35 @@ PRIOR_OVERHEAD = 1.25
 
 def drafter_cost_prior(drafter, target) -> float:
     """``c_d`` before it is timed: decoding one token reads every weight once, so a drafter step (its own layers and
-    the head rows it scores) costs about its bytes over the target's (the input embedding excluded: one row is
-    read), times :data:`PRIOR_OVERHEAD`."""
-
-    def nbytes(t: torch.Tensor) -> int:
-        return t.numel() * t.element_size()
-
-    head = target.get_output_embeddings().weight
-    embedding = target.get_input_embeddings().weight
-    shared = {head.data_ptr(), embedding.data_ptr()}
-    own = sum(nbytes(p) for p in drafter.parameters() if p.data_ptr() not in shared)
+    the head rows it scores) costs about its bytes over a target step's (an embedding table is not read: one row
+    is), times :data:`PRIOR_OVERHEAD`. Packed layers (``hf_specdec.kernels``) count as the weight they pack."""
+    head = target.get_output_embeddings()
     ids = getattr(drafter, "draft_vocab_ids", None)
-    rows = head.shape[0] if ids is None else len(ids)
-    whole = sum(nbytes(p) for p in target.parameters())  # a tied head and embedding count once
-    if embedding.data_ptr() != head.data_ptr():
-        whole -= nbytes(embedding)
-    return PRIOR_OVERHEAD * (own + rows * head.shape[1] * head.element_size()) / whole
+    rows = head.out_features if ids is None else len(ids)
+    itemsize = torch.empty((), dtype=target.dtype).element_size()
+    return PRIOR_OVERHEAD * (step_bytes(drafter) + rows * head.in_features * itemsize) / step_bytes(target)
+
+
+def step_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s weights a one-token step reads: every linear layer's weight (packed or not, a tied LM
+    head included) and every other parameter once, but not an embedding table."""
+    from ..kernels import PackedLinear
+
+    seen, total = set(), 0
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            itemsize = torch.empty((), dtype=m.packed.dtype).element_size()
+            total += m.in_features * m.out_features * itemsize
+            params = [] if m.bias is None else [m.bias]
+        elif isinstance(m, torch.nn.Embedding):
+            params = []
+        else:
+            params = list(m.parameters(recurse=False))
+        for p in params:
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel() * p.element_size()
+    return total
 
 
 def _drafter_key(drafter, target) -> tuple:

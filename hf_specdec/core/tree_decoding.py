@@ -208,7 +208,7 @@ def _decode(
             **logits_to_keep(model, fed.shape[1] - min(roots_at)),
         )
         verify_s = tick(device) - t0
-        if not is_prefill:
+        if not is_prefill and len(rows) == observer.batch:
             observer.stop(fed.shape[1], mark)
         logits = out.logits.to(torch.float32)
         first = fed.shape[1] - logits.shape[1]  # fed index of logits row 0

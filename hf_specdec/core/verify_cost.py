@@ -10,7 +10,7 @@ the loop runs anyway is a sample of ``t(q)`` for its ``q``, so no forward is spe
 ``generate`` call runs at full speed. Until a size has been seen, ``c(q)`` is the prior: the curve an earlier
 process learnt on the same machine (``cost_store.py``), else :data:`PRIOR`. One curve is kept per (model, dtype,
 device, threads, kernels, context length, batch) on the model object, so later calls go on from what earlier ones
-learnt. :func:`forward_times` still times a curve directly (the bench's report, ``draft-vocab``).
+learnt. :func:`timed_cost` times a curve directly, for a tool that sizes something once (``draft-vocab``).
 """
 
 from __future__ import annotations
@@ -122,13 +122,16 @@ class LearnedCurve(CostCurve):
     times is as likely as not to have been slowed (a first step after the prefill is, by a third on the CPU). Other sizes
     are interpolated between the sizes seen, and beyond them follow ``prior``'s shape. A ``t(1)`` sample comes from
     a step that drafts nothing: :meth:`needs_plain` asks for one (the proposers then skip that step's draft) while
-    fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old, so the
-    ratios follow the machine as its speed drifts. At the end of a generation the curve is written to the cost
+    fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old; ``t(1)`` is
+    the fastest of the last :data:`BASE_WINDOW`, so both sides of a ratio are recent. A curve that no loop feeds
+    (asked :data:`UNANSWERED` times in a row with nothing observed) stops asking and stays at its prior. At the end of a generation the curve is written to the cost
     store (:meth:`save`) for later processes."""
 
     WINDOW = 16
+    BASE_WINDOW = 4  # t(1) samples kept: the recent ones, so that t(q) / t(1) compares nearby moments
     BASE_SAMPLES = 2
-    REFRESH = 64
+    REFRESH = 32
+    UNANSWERED = 8  # plain steps asked for with no forward observed: nothing feeds this curve, stop asking
 
     def __init__(self, prior: dict[int, float], stored_key: str | None = None):
         super().__init__(prior)
@@ -136,16 +139,22 @@ class LearnedCurve(CostCurve):
         self.samples: dict[int, deque] = {}
         self.seen = 0  # observations so far
         self.base_seen = -(10**9)  # ``seen`` at the newest t(1) sample
+        self.asked = 0  # plain steps asked for since the last observation
         self.stored_key = stored_key
 
     def needs_plain(self) -> bool:
         base = self.samples.get(1, ())
-        return len(base) < self.BASE_SAMPLES or self.seen - self.base_seen > self.REFRESH
+        wanted = len(base) < self.BASE_SAMPLES or self.seen - self.base_seen > self.REFRESH
+        if wanted and self.asked < self.UNANSWERED:
+            self.asked += 1
+            return True
+        return False
 
     def observe(self, q: int, seconds: float) -> None:
         """One verification forward over ``q`` tokens took ``seconds``."""
-        self.samples.setdefault(q, deque(maxlen=self.WINDOW)).append(seconds)
-        self.seen += 1
+        window = self.BASE_WINDOW if q == 1 else self.WINDOW
+        self.samples.setdefault(q, deque(maxlen=window)).append(seconds)
+        self.seen, self.asked = self.seen + 1, 0
         if q == 1:
             self.base_seen = self.seen
         if len(self.samples.get(1, ())) >= self.BASE_SAMPLES:
@@ -160,17 +169,19 @@ class LearnedCurve(CostCurve):
         return dict(sorted({**seen, **beyond}.items()))
 
     def save(self) -> None:
-        """Write what was learnt to the cost store (nothing before a ``t(1)`` and one other size are known)."""
-        if self.stored_key is not None and len(self.relative) > 1 and len(self.samples.get(1, ())) >= 2:
+        """Write what was learnt to the cost store (nothing before ``t(1)`` and one other size are known)."""
+        learnt = any(q != 1 and len(s) >= 2 for q, s in self.samples.items())
+        if self.stored_key is not None and learnt and len(self.samples.get(1, ())) >= self.BASE_SAMPLES:
             store(self.stored_key, {str(q): c for q, c in self.relative.items()})
 
 
-def measured_cost(model, context: torch.Tensor, batch: int = 1) -> LearnedCurve:
+def measured_cost(model, context: torch.Tensor, batch: int = 1, variant: str = "") -> LearnedCurve:
     """The model's :class:`LearnedCurve` on this machine after ``context`` (the prompt's ids; its length picks the
     :func:`context_bucket`) for a batch of ``batch`` rows: the one kept on the model for this setting, else a new
     one whose prior is what the cost store holds for it (or :data:`PRIOR`). No forward runs here; the decoding loops
-    feed it (:class:`CostObserver`)."""
-    key = curve_key(model, context.shape[-1], batch)
+    feed it (:class:`CostObserver`). ``variant``: a curve of its own for forwards that cost more than the model's
+    (PLD+(a)'s, which also compute the induction heads' attention weights)."""
+    key = curve_key(model, context.shape[-1], batch, variant)
     cache = model.__dict__.setdefault(_ATTR, {})
     if key not in cache:
         stored = entry_key("verify", [model], (*key, "learnt"))
@@ -180,13 +191,14 @@ def measured_cost(model, context: torch.Tensor, batch: int = 1) -> LearnedCurve:
     return cache[key]
 
 
-def curve_key(model, context_length: int, batch: int = 1) -> tuple:
-    """What a curve of ``model`` is kept by: :func:`setting_key`, the context bucket and the batch."""
+def curve_key(model, context_length: int, batch: int = 1, variant: str = "") -> tuple:
+    """What a curve of ``model`` is kept by: :func:`setting_key`, the context bucket, the batch and a variant."""
     bucket = context_bucket(context_length)
     return (
         setting_key(model)
         + ((f"context {bucket}",) if bucket > CONTEXTS[0] else ())
         + ((batch,) if batch > 1 else ())
+        + ((variant,) if variant else ())
     )
 
 
@@ -198,8 +210,9 @@ class CostObserver:
     nothing waits; on the CPU, the clock. ``finish()`` stores the curve. Without a curve for this setting (no method
     asked for one), it does nothing."""
 
-    def __init__(self, model, context_length: int, batch: int = 1):
-        self.curve = model.__dict__.get(_ATTR, {}).get(curve_key(model, context_length, batch))
+    def __init__(self, model, context_length: int, batch: int = 1, variant: str = ""):
+        self.batch = batch  # forwards of this many rows are samples (a batch whose rows have left is not)
+        self.curve = model.__dict__.get(_ATTR, {}).get(curve_key(model, context_length, batch, variant))
         self.timer = DeviceTimer(device_of(model)) if self.curve is not None else None
         self.pending: list[tuple] = []
 

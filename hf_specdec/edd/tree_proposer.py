@@ -143,7 +143,7 @@ class EddTreeProposer(TreeProposer):
     def start(self, model, input_ids, generation_config) -> None:
         if self.edd.target is not model:
             self.edd.attach_target(model)
-        if self.cost is True and self.budget is None:
+        if self.cost is True:  # this call's curve (its context bucket), learnt by this call's forwards
             self.budget = DraftBudget(
                 measured_cost(model, input_ids[0]), measured_drafter_cost(self.edd, model)
             )

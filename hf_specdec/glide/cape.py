@@ -259,8 +259,8 @@ def glide_cape(
         drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed).
         cape_gamma: gamma, proposal length (default: the drafter's ``num_assistant_tokens``, else 5).
         cape_expansion: S(p) as ``[(upper, K), ...]`` (default :data:`DEFAULT_EXPANSION`).
-        cape_cost: size the draft by its cost (module docstring, ``core/draft_budget.py``): ``True`` measures the
-            verification cost curve and the drafter's cost c on this machine (once, cached on the models), a
+        cape_cost: size the draft by its cost (module docstring, ``core/draft_budget.py``): ``True`` uses the
+            verification cost curve learnt on this machine and the drafter's cost c (kept on the models), a
             ``CostCurve`` or a ``DraftBudget`` is used as given (a bare curve with a free drafter), ``False`` drafts
             gamma tokens and keeps every token of S(p), as in the paper.
         stats: a ``DecodeStats`` to fill (tau = new tokens per target forward; ``steps[i]["nodes"]``).

@@ -33,6 +33,10 @@ from .proposer import PLDPlusProposer
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 
 
+# PLD+(a)'s forwards also compute the selected heads' attention weights: a cost curve of their own
+ATTENTION_CURVE = "pld+(a) attention capture"
+
+
 def _heads_for(model, heads_file: str | Path | None, top_heads: int | None) -> dict[int, torch.Tensor]:
     path = heads_file if heads_file is not None else default_heads_file(model)
     heads = read_heads_file(path, model=model, top=top_heads or DEFAULT_TOP_HEADS)
@@ -121,10 +125,11 @@ def pld_plus(
     else:
         k = DEFAULT_MAX_TOKENS if pld_max_num_tokens is None else pld_max_num_tokens
         rows = input_ids.shape[0]
+        variant_key = ATTENTION_CURVE if variant == "attention" else ""
         cost = (
             pld_cost
             if pld_cost is not None
-            else measured_cost(model, first_row(input_ids, model_kwargs), batch=rows)
+            else measured_cost(model, first_row(input_ids, model_kwargs), rows, variant_key)
         )
     eos = eos_token_ids(generation_config)
     common = dict(
@@ -171,8 +176,9 @@ def pld_plus(
     heads = _heads_for(model, pld_heads, pld_top_heads)
     with capture_selected_attention(model, heads, last_rows=k + 1) as heads_only:
         generator = PLDPlusCandidateGenerator("attention", heads=heads, heads_only=heads_only, **common)
-        if cost is not None:
-            generator.observer = CostObserver(model, input_ids.shape[-1])
+        if cost is not None and pld_cost is None:
+            length = first_row(input_ids, model_kwargs).shape[-1]
+            generator.observer = CostObserver(model, length, variant=ATTENTION_CURVE)
         out = run_assisted_decoding(
             model,
             generator,

@@ -118,8 +118,23 @@ def candidate_budget(
     if space_cost is False or space_cost is None:
         return None
     curve = space_cost if isinstance(space_cost, CostCurve) else measured_cost(model, input_ids[0])
-    width = _StepWidth(curve, k)
-    return DraftBudget(width, drafter_cost=width(1) - 1.0)
+    return _CandidateBudget(_StepWidth(curve, k))
+
+
+class _CandidateBudget(DraftBudget):
+    """:class:`DraftBudget` whose "drafter" cost is the masks' width, ``c(1 + k) - 1``, read from the curve as it
+    is learnt."""
+
+    def __init__(self, width: _StepWidth):
+        super().__init__(width)
+
+    @property
+    def drafter_cost(self) -> float:
+        return self.cost(1) - 1.0
+
+    @drafter_cost.setter
+    def drafter_cost(self, value: float) -> None:  # DraftBudget.__init__'s; the width decides
+        pass
 
 
 # ------------------------------------------------------------------------------------------ Alg. 1
@@ -165,7 +180,7 @@ def space_generate(
     top-k/p, penalties) are applied to every distribution with the exact prefix a plain loop would have.
     ``specdec_streamer``: a streamer fed the prompt, then every emitted token (``core/generate_io.py``).
     ``space_cost`` (default True): verify only the candidates that pay for the width they add on this machine's
-    measured cost curve (:func:`candidate_budget`), and feed the masks only while drafting has been paying
+    learnt cost curve (:func:`candidate_budget`), and feed the masks only while drafting has been paying
     (``core/draft_budget.DraftGate``: else plain one-token steps with a probe now and then); False: every mask and
     candidate, every step (the paper); a ``CostCurve``: that curve.
     """
@@ -228,7 +243,7 @@ def space_generate(
             **logits_to_keep(model, rows),
         )
         verify_s = tick(device) - t0
-        if len(pending) == 1:  # not the prefill: a verification forward, a sample of t(len(ids))
+        if past > 0:  # not the prefill: a verification forward, a sample of t(len(ids))
             observer.stop(len(ids), mark)
         logits = out.logits[0, -rows:]  # row 0 = x_l
         del out
