@@ -19,11 +19,11 @@ def test_a_learnt_curve_is_stored_and_is_the_next_process_prior(tmp_path, monkey
     first = verify_cost.measured_cost(tiny_llama(), context)
     first.save()
     assert not (tmp_path / "costs.json").exists()  # nothing learnt yet: nothing stored
-    first.observe(1, 0.01)
-    first.observe(1, 0.01)
+    for t in (0.02, 0.01, 0.01):  # a warm-up, then two samples
+        first.observe(1, t)
     first.save()
     assert not (tmp_path / "costs.json").exists()  # t(1) alone: still the prior, nothing stored
-    for t in (0.013, 0.013):
+    for t in (0.02, 0.013, 0.013):
         first.observe(2, t)
     first.save()
     stored = json.loads((tmp_path / "costs.json").read_text())

@@ -40,6 +40,8 @@ def test_one_learnt_curve_per_model_and_setting_starting_from_the_prior(monkeypa
 
 def test_the_learnt_curve_asks_for_plain_steps_and_follows_its_samples():
     curve = LearnedCurve(PRIOR)
+    for q in (1, 2, 4, 8):
+        curve.observe(q, 1.0)  # the first forward of each size is a warm-up: no sample
     assert curve.needs_plain()  # no t(1) yet: the first steps draft nothing
     curve.observe(1, 0.010)
     assert curve.needs_plain() and curve(2) == pytest.approx(PRIOR[2])
@@ -67,9 +69,9 @@ def test_the_observer_feeds_the_curve_the_generation_uses():
     curve = measured_cost(model, context)
     observer = CostObserver(model, 37)
     assert observer.curve is curve and CostObserver(model, 300).curve is None  # another context bucket
-    for q in (1, 1, 3, 3):
+    for q in (1, 1, 1, 3, 3, 3):
         observer.stop(q, observer.start())
-    assert [len(curve.samples[q]) for q in (1, 3)] == [2, 2] and 3 in curve.relative
+    assert [len(curve.samples[q]) for q in (1, 3)] == [2, 2] and 3 in curve.relative  # after a warm-up each
 
 
 def test_a_long_prompt_gets_a_curve_of_its_context():
@@ -83,6 +85,7 @@ def test_a_long_prompt_gets_a_curve_of_its_context():
 
 def test_a_curve_no_loop_feeds_stops_asking_for_plain_steps():
     curve = LearnedCurve(PRIOR)
+    curve.observe(1, 0.01)  # a warm-up
     asked = [curve.needs_plain() for _ in range(LearnedCurve.UNANSWERED + 3)]
     assert asked == [True] * LearnedCurve.UNANSWERED + [False] * 3  # then drafts on its prior
     curve.observe(1, 0.01)

@@ -140,6 +140,7 @@ class LearnedCurve(CostCurve):
         self.seen = 0  # observations so far
         self.base_seen = -(10**9)  # ``seen`` at the newest t(1) sample
         self.asked = 0  # plain steps asked for since the last observation
+        self.warm: set[int] = set()  # sizes whose warm-up forward has been seen
         self.stored_key = stored_key
 
     def needs_plain(self) -> bool:
@@ -151,10 +152,15 @@ class LearnedCurve(CostCurve):
         return False
 
     def observe(self, q: int, seconds: float) -> None:
-        """One verification forward over ``q`` tokens took ``seconds``."""
+        """One verification forward over ``q`` tokens took ``seconds``. The first of a size is a warm-up, not a
+        sample: a process's first forward of a new size also builds its kernels (oneDNN's, one per row count)."""
+        self.asked = 0
+        if q not in self.warm:
+            self.warm.add(q)
+            return
         window = self.BASE_WINDOW if q == 1 else self.WINDOW
         self.samples.setdefault(q, deque(maxlen=window)).append(seconds)
-        self.seen, self.asked = self.seen + 1, 0
+        self.seen += 1
         if q == 1:
             self.base_seen = self.seen
         if len(self.samples.get(1, ())) >= self.BASE_SAMPLES:
