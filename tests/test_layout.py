@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "base",
         (
             "hf_specdec.errors",
+            "hf_specdec.extras",
             "hf_specdec.fingerprint",
             "hf_specdec.machine",
             "hf_specdec.paths",

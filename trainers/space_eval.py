@@ -86,11 +86,13 @@ def mask_top1(model, rows, k: int, mask_token_id: int, stride: int = 8) -> tuple
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
+    from hf_specdec.extras import require_extra
     from hf_specdec.space.adapter import CARD_JSON, is_space_adapter, load_space_model
     from hf_specdec.target import load_target, resolve_model_path
 
     from .corpus import first_turns, first_turns_source
 
+    require_extra("train", need="python -m hf_specdec.trainers.space_eval")
     p = argparse.ArgumentParser(
         prog="python -m hf_specdec.trainers.space_eval", description=__doc__.split("\n")[0]
     )

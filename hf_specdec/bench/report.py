@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..extras import require_extra
 from ..machine import machine_line
 
 
@@ -168,6 +169,7 @@ def report_markdown(results: dict) -> str:
 
 
 def plot_speedup(results: dict, path: Path) -> None:
+    require_extra("bench", "matplotlib", need="the bench's speedup figure")
     import matplotlib
 
     matplotlib.use("Agg")

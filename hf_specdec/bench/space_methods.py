@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
+    from ..extras import require_extra
+
+    require_extra("bench", need="python -m hf_specdec.bench.space_methods")
     p = argparse.ArgumentParser(description="SPACE quality check: SAR-SFT vs SFT on the same prompts")
     p.add_argument("--sar", required=True, help="SAR-SFT checkpoint folder")
     p.add_argument("--sft", required=True, help="SFT baseline (p_ar = 1) checkpoint folder")

@@ -1,5 +1,6 @@
 """``hf-specdec``: the command line. Each sub-command lives in its own module that provides
-``add_parser(subparsers)`` (which sets ``func``); add new ones to ``COMMANDS``."""
+``add_parser(subparsers)`` (which sets ``func``); add new ones to ``COMMANDS``, and the extra it needs beyond the
+core requirements (``hf_specdec/extras.py``) to ``COMMAND_EXTRAS``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shlex
 import sys
 
 from ..errors import SpecDecError
+from ..extras import require_extra
 
 COMMANDS = [
     "hf_specdec.bench.cli",
@@ -24,6 +26,17 @@ COMMANDS = [
     "hf_specdec.trainers.features",
     "hf_specdec.trainers.draft_vocab",
 ]
+# command -> the extra it needs, checked before it runs: a missing package is one error naming the pip line at once,
+# not an ImportError after the model has loaded (or hours into training). Building the parser needs none of them.
+COMMAND_EXTRAS = {
+    "bench": "bench",
+    "demo": "bench",
+    "train": "train",
+    "calibrate": "train",
+    "corpus": "train",
+    "features": "train",
+    "draft-vocab": "train",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.command_line = "hf-specdec " + shlex.join(argv)
     try:
+        if args.command in COMMAND_EXTRAS:
+            require_extra(COMMAND_EXTRAS[args.command], need=f"hf-specdec {args.command}")
         return args.func(args) or 0
     except SpecDecError as exc:
         print(f"hf-specdec: error: {exc}", file=sys.stderr)

