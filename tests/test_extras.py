@@ -332,7 +332,7 @@ def _pip(python: Path, *args: str, env: dict) -> None:
 @pytest.mark.slow
 def test_a_core_only_install_generates_and_names_the_extras(tmp_path):
     """A fresh venv with the core requirements alone (torch first, the same CPU build as here, as the Makefile
-    installs it; then ``pip install -e .``, which takes the newest transformers): PLD+ and GLIDE + CAPE decode a
+    installs it; then ``pip install -e .``, which takes the newest transformers it admits): PLD+ and GLIDE + CAPE decode a
     reloaded tiny Llama token for token as plain greedy ``generate``, no optional package is there, and ``bench``
     and ``train`` stop at once naming their extra."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}

@@ -144,7 +144,7 @@ def drafter_cost_prior(drafter, target) -> float:
     head = target.get_output_embeddings()
     ids = getattr(drafter, "draft_vocab_ids", None)
     rows = head.out_features if ids is None else len(ids)
-    itemsize = torch.empty((), dtype=target.dtype).element_size()
+    itemsize = torch.empty((), dtype=target.dtype, device="cpu").element_size()
     return PRIOR_OVERHEAD * (step_bytes(drafter) + rows * head.in_features * itemsize) / step_bytes(target)
 
 
@@ -156,7 +156,7 @@ def step_bytes(model: torch.nn.Module) -> int:
     seen, total = set(), 0
     for m in model.modules():
         if isinstance(m, PackedLinear):
-            itemsize = torch.empty((), dtype=m.packed.dtype).element_size()
+            itemsize = torch.empty((), dtype=m.packed.dtype, device="cpu").element_size()
             total += m.in_features * m.out_features * itemsize
             params = [] if m.bias is None else [m.bias]
         elif isinstance(m, torch.nn.Embedding):
