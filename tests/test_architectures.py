@@ -24,6 +24,7 @@ from hf_specdec.core.tree_decoding import TreeProposer, tree_generate
 from hf_specdec.core.verify_cost import CostCurve
 from hf_specdec.edd.tree_proposer import EddTreeProposer
 from hf_specdec.errors import SpecDecError
+from hf_specdec.hf_compat import cache_of
 from hf_specdec.pld_plus.induction_heads import write_heads_file
 
 from .conftest import assert_pairs_follow_target, batch_pair_counts, left_pad, warped_next_token
@@ -113,7 +114,7 @@ class Verifications:
 
     def _hook(self, module, args, kwargs):
         ids, positions = kwargs.get("input_ids", args[0] if args else None), kwargs.get("position_ids")
-        cache = kwargs.get("past_key_values")
+        cache = cache_of(kwargs)
         start = int(positions.max()) if positions is not None else (cache.get_seq_length() if cache else 0)
         self.seen.append((start, ids.shape[1]))
 

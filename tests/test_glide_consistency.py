@@ -23,6 +23,7 @@ from hf_specdec.modeling.masks import blockwise_cross_mask
 from hf_specdec.trainers.drafter_trainer import DrafterTrainer
 
 from hf_specdec.glide.candidate_generator import GlideCandidateGenerator, GlideDraftCache
+from hf_specdec.hf_compat import cache_of
 
 from .conftest import tiny_llama
 
@@ -85,7 +86,7 @@ def test_assisted_loop_drafts_equal_training_forward_under_the_verified_prefix_m
     original = GlideCandidateGenerator.get_candidates
 
     def spy(self, input_ids, model_kwargs=None, **kw):
-        cache = model_kwargs["past_key_values"]
+        cache = cache_of(model_kwargs)
         t = input_ids.shape[1] - 1  # position of the bonus token (the last committed token)
         if cache.get_seq_length():
             assert cache.get_seq_length() == t

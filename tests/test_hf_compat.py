@@ -324,6 +324,32 @@ def test_cache_layers_overallocate_layers_only_touches_empty_plain_caches():
         assert not hf_compat.overallocate_layers(cache) and [type(layer) for layer in cache.layers] == kinds
 
 
+def test_cache_argument(monkeypatch):
+    """``generate`` keeps the cache in its ``model_kwargs`` under ``CACHE_ARGUMENT`` (what the assisted loop hands a
+    candidate generator, and what the tree loops read), and the model's forward, its decoder layers' and their
+    attention modules take it by that name."""
+    from transformers.cache_utils import Cache
+
+    name = hf_compat.CACHE_ARGUMENT
+    target = tiny_llama()
+    for fn in (GenerationMixin.prepare_inputs_for_generation, target.forward, target.model.forward,
+               target.model.layers[0].forward, target.model.layers[0].self_attn.forward):  # fmt: skip
+        assert name in inspect.signature(fn).parameters, f"{_entry('cache_argument')}: {fn.__qualname__}"
+    seen = []
+    original = GlideCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, model_kwargs=None, **kwargs):
+        seen.append(model_kwargs.get(name))
+        return original(self, input_ids, model_kwargs=model_kwargs, **kwargs)
+
+    monkeypatch.setattr(GlideCandidateGenerator, "get_candidates", spy)
+    target.generate(
+        torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, do_sample=False, assistant_model=_glide(target)
+    )
+    assert seen and all(isinstance(c, Cache) for c in seen), f"{_entry('cache_argument')}: {seen}"
+    assert hf_compat.cache_of({"past_key_values": seen[0]}) is seen[0]  # a direct caller's old name
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3", "phi3"])
 def test_decoder_layers(arch):
     """The layer conventions GLIDE rebuilds: submodule names, the attention call and scaling, the rotary call."""

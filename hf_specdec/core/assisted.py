@@ -50,6 +50,7 @@ import torch
 from ..errors import SpecDecError
 from ..hf_compat import (
     ASSISTED_DECODING_PARAMETERS,
+    CACHE_ARGUMENT,
     ORIGINAL_ASSISTED_DECODING,
     ORIGINAL_GET_CANDIDATE_GENERATOR,
     ORIGINAL_VALIDATE_GENERATION_MODE,
@@ -73,8 +74,8 @@ def run_assisted_decoding(model, generator, *args, **kwargs):
     """transformers' assisted loop with ``generator`` (``hf_compat.assisted_decoding``), verifying into a cache of
     full layers where ``generate`` prepared sliding-window ones (``sliding_window.verification_cache``):
     transformers 5.13's loop cannot crop a sliding-window layer past its window."""
-    if kwargs.get("past_key_values") is not None:
-        kwargs["past_key_values"] = verification_cache(model, kwargs["past_key_values"])
+    if kwargs.get(CACHE_ARGUMENT) is not None:
+        kwargs[CACHE_ARGUMENT] = verification_cache(model, kwargs[CACHE_ARGUMENT])
     return assisted_decoding(model, generator, *args, **kwargs)
 
 
@@ -115,9 +116,9 @@ def _assisted_decoding(self, *args, **kwargs):
     factory = getattr(assistant, "make_tree_proposer", None)
     is_batch = torch.is_tensor(input_ids) and input_ids.dim() == 2 and input_ids.shape[0] > 1
     if not (callable(factory) and is_batch):
-        if callable(getattr(assistant, "make_candidate_generator", None)) and "past_key_values" in kwargs:
+        if callable(getattr(assistant, "make_candidate_generator", None)) and CACHE_ARGUMENT in kwargs:
             # full layers for a model with sliding-window ones (as run_assisted_decoding)
-            kwargs["past_key_values"] = verification_cache(self, kwargs["past_key_values"])
+            kwargs[CACHE_ARGUMENT] = verification_cache(self, kwargs[CACHE_ARGUMENT])
         return ORIGINAL_ASSISTED_DECODING(self, *args, **kwargs)
     from .tree_decoding import tree_generate  # not at import: tree_decoding pulls in the whole tree core
 

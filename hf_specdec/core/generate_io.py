@@ -30,7 +30,7 @@ from transformers.generation import EosTokenCriteria, GenerationMode, MaxLengthC
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
-from ..hf_compat import attn_implementation
+from ..hf_compat import attn_implementation, cache_of
 from .kv_cache import check_cache_supported
 from .sliding_window import verification_cache
 from .stats import DecodeStats
@@ -145,7 +145,7 @@ def eos_token_ids(generation_config: GenerationConfig) -> list[int]:
 def prepare_cache(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[Cache, int]:
     """The cache the tree loops verify into (``generate``'s, else a new ``DynamicCache``; of full layers for a model
     with sliding-window layers, ``sliding_window.verification_cache``) and how many prompt tokens it holds already."""
-    cache = verification_cache(model, model_kwargs.get("past_key_values"))
+    cache = verification_cache(model, cache_of(model_kwargs))
     check_cache_supported(cache)
     past = cache.get_seq_length()
     if past >= input_ids.shape[1]:

@@ -29,6 +29,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
+from ..hf_compat import cache_of
 from .acceptance import accept_tree
 from .batch_decoding import assemble, best_depth, check_batch, check_left_padded
 from .generate_io import (
@@ -117,7 +118,7 @@ def tree_generate(
         mask = check_left_padded(
             input_ids, model_kwargs.get("attention_mask"), "batched speculative decoding", cfg.pad_token_id
         )
-        layout = RaggedCache(verification_cache(model, model_kwargs.get("past_key_values")), masks)
+        layout = RaggedCache(verification_cache(model, cache_of(model_kwargs)), masks)
         inputs, pads = layout.prefill(input_ids, mask), (mask == 0).sum(1).tolist()
     t0 = tick(device)
     proposer.start(model, input_ids[:1, pads[0] :], cfg)  # a batch: one-time set-up (calibration...) on it

@@ -33,6 +33,7 @@ from ..core.chain_drafting import (
     read_draft,
 )
 from ..core.timing import clock, untimed
+from ..hf_compat import cache_of
 
 
 class GlideDraftCache:
@@ -118,7 +119,7 @@ class GlideCandidateGenerator(CandidateGenerator):
         t0 = tick(input_ids.device)
         cur_len = input_ids.shape[1]
         budget = min(self.num_draft_tokens, self.max_length - cur_len - 1)
-        target_cache = (model_kwargs or {}).get("past_key_values")
+        target_cache = cache_of(model_kwargs)
         verified = target_cache.get_seq_length() if target_cache is not None else 0
         if budget <= 0 or (self.drafter.config.cross_attention and verified == 0):
             return input_ids, None

@@ -31,10 +31,15 @@ Entries:
   ``lazy_initialization(key_states, value_states)``, on ``update`` returning the layer's whole ``(keys, values)``,
   on ``crop`` leaving views of the first entries, and on a ``Cache`` keeping its layers in the list ``layers`` and
   the class it creates them from in ``layer_class_to_replicate``.
+- ``cache_argument``: the name under which ``generate`` keeps the cache in its ``model_kwargs`` (what
+  ``_assisted_decoding``, ``custom_generate`` loops and a ``CandidateGenerator``'s ``get_candidates`` receive) and
+  passes it to the model's forward: ``past_key_values`` through 5.23, ``cache`` from 5.24 (where ``past_key_values``
+  is only a deprecated alias of ``generate``'s and the models' keyword, not a key of ``model_kwargs``). Read from
+  the parameters of ``GenerationMixin.prepare_inputs_for_generation`` (:data:`CACHE_ARGUMENT`, :func:`cache_of`).
 - ``decoder_layers``: the conventions of transformers' decoder layers that GLIDE builds its layers from
   (``modeling/glide_layers.py``): a layer's submodules ``self_attn``, ``mlp``, ``input_layernorm``,
   ``post_attention_layernorm`` (and Gemma's ``pre_/post_feedforward_layernorm``), an attention module's call
-  ``(hidden_states, position_embeddings, attention_mask, past_key_values)`` returning ``(output, weights)`` and its
+  ``(hidden_states, position_embeddings, attention_mask, <cache_argument>)`` returning ``(output, weights)`` and its
   ``scaling``, and the rotary embedding's call ``(x, position_ids[, layer_type])``.
 """
 
@@ -63,11 +68,14 @@ ENTRIES = (
     "generation_mode_hook",
     "attn_implementation",
     "cache_layers",
+    "cache_argument",
     "decoder_layers",
 )
 
 __all__ = [
     "ENTRIES",
+    "CACHE_ARGUMENT",
+    "cache_of",
     "CACHE_LAYER_TYPES",
     "CHUNK_ENTRIES",
     "FULL_CACHE_LAYER_TYPES",
@@ -213,6 +221,23 @@ def attn_implementation(model) -> str | None:
 # ------------------------------------------------------------------ cache_layers: hf_compat/cache_layers.py
 
 
+# ------------------------------------------------------------------ cache_argument
+_OLD_CACHE_ARGUMENT = "past_key_values"
+CACHE_ARGUMENT = (
+    "cache"
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else _OLD_CACHE_ARGUMENT
+)
+
+
+def cache_of(kwargs: dict | None):
+    """The cache in ``kwargs`` (``generate``'s ``model_kwargs``, a forward's keyword arguments): under
+    :data:`CACHE_ARGUMENT`, else under the old ``past_key_values`` (a direct caller's); ``None`` when there is none."""
+    kwargs = kwargs or {}
+    cache = kwargs.get(CACHE_ARGUMENT)
+    return kwargs.get(_OLD_CACHE_ARGUMENT) if cache is None else cache
+
+
 # ------------------------------------------------------------------ decoder_layers
 LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")  # Gemma 2 / 3
@@ -242,7 +267,7 @@ def attention_module_call(
         hidden_states=hidden_states,
         position_embeddings=position_embeddings,
         attention_mask=attention_mask,
-        past_key_values=cache,
+        **{CACHE_ARGUMENT: cache},
     )
     return out
 

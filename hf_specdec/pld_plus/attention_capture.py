@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecDecError
-from ..hf_compat import attn_implementation
+from ..hf_compat import attn_implementation, cache_of
 
 
 @dataclass
@@ -74,7 +74,7 @@ def _note_keys(capture: _Capture):
     def hook(model, args, kwargs):
         fed = kwargs.get("input_ids", args[0] if args else None)
         fed = kwargs.get("inputs_embeds") if fed is None else fed
-        cache = kwargs.get("past_key_values")
+        cache = cache_of(kwargs)
         past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
         capture.keys = None if fed is None else past + fed.shape[1]
 
