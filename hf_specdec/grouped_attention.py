@@ -4,18 +4,20 @@ A model with grouped-query attention (SmolLM2-135M: 9 query heads over 3 key/val
 stores one key/value head per group. transformers' ``sdpa`` attention hands them to
 ``torch.nn.functional.scaled_dot_product_attention`` as they are (``enable_gqa=True``) only when there is no
 attention mask; with a mask (and more than one query token, from 5.23 on) it first copies every key and value head
-once per query head of its group (``repeat_kv``). A verification forward always carries a mask (the draft tree's), so on a CPU
-each of its steps copies the whole KV cache, every layer: after 2,000 tokens of SmolLM2-135M in fp32 that copy takes
-about half of the attention's time, and a 2-token step costs 1.3 one-token steps where it would cost 1.1.
+once per query head of its group (``repeat_kv``). A verification forward always carries a mask (the draft tree's),
+so on a CPU each of its steps copies the whole KV cache, every layer: after 2,000 tokens of SmolLM2-135M in fp32
+that copy takes about half of the attention's time.
 
 :func:`use_grouped_attention` switches a model to ``hf_specdec_sdpa``, registered through transformers' public
-``AttentionInterface`` / ``AttentionMaskInterface``: the same masks, the same SDPA call, with ``enable_gqa=True`` under a
-mask as well (torch's CPU kernels take a mask with grouped heads and give the same numbers). Calls this does not
+``AttentionInterface`` / ``AttentionMaskInterface``: the same masks, the same SDPA call, with ``enable_gqa=True``
+under a mask as well (torch's CPU kernels take a mask with grouped heads and give the same numbers). Calls this does not
 cover (no mask, another device, position biases, soft-capping, a paged cache) go to ``sdpa`` itself, unchanged.
 Plain ``generate`` on the model then runs it too, so every method is checked against the model as it runs.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -47,16 +49,12 @@ def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.
     return out.transpose(1, 2).contiguous(), None
 
 
-_BASE_FN = []
-
-
+@functools.cache
 def _base():
     """transformers' own ``sdpa`` attention function (looked up once)."""
-    if not _BASE_FN:
-        from transformers import AttentionInterface
+    from transformers import AttentionInterface
 
-        _BASE_FN.append(AttentionInterface()[BASE])
-    return _BASE_FN[0]
+    return AttentionInterface()[BASE]
 
 
 def _register() -> None:
@@ -90,8 +88,10 @@ def unavailable(model) -> str:
 def use_grouped_attention(model) -> bool:
     """Switch ``model`` (an ``sdpa`` model with grouped key/value heads) to :data:`NAME`; ``False`` where
     :func:`unavailable` says why not. :func:`restore_attention` switches it back."""
-    if unavailable(model) or attn_implementation(model) == NAME:
-        return attn_implementation(model) == NAME
+    if attn_implementation(model) == NAME:
+        return True
+    if unavailable(model):
+        return False
     _register()
     previous = attn_implementation(model)
     model.set_attn_implementation(NAME)

@@ -77,8 +77,9 @@ def chain_start(generator: CandidateGenerator) -> bool:
     drafted steps have not paid; the assisted loop then verifies no candidate, a plain step), else the sizer starts
     on the gate's corrected estimates."""
     generator.pending = None
+    # no budget: no gate either (chain_budget sets both)
     gate, budget = generator.gate, generator.sizer.budget
-    if not (budget.draft_now(gate) if budget is not None else gate is None or gate.draft_now()):
+    if budget is not None and not budget.draft_now(gate):
         _mark(generator, 1)
         return False
     generator.sizer.start(1.0 if gate is None else gate.estimate_scale)

@@ -119,13 +119,13 @@ class LearnedCurve(CostCurve):
     :meth:`observe` takes the seconds of a forward over ``q`` tokens; ``t(q)`` is the fastest of the last
     :data:`WINDOW` samples of that size, and ``c(q) = t(q) / t(1)`` for every size seen at least twice. The fastest,
     not the median: what else runs on the machine only ever slows a forward down, and a step of a size seen a few
-    times is as likely as not to have been slowed (a first step after the prefill is, by a third on the CPU). Other sizes
-    are interpolated between the sizes seen, and beyond them follow ``prior``'s shape. A ``t(1)`` sample comes from
-    a step that drafts nothing: :meth:`needs_plain` asks for one (the proposers then skip that step's draft) while
-    fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old; ``t(1)`` is
-    the fastest of the last :data:`BASE_WINDOW`, so both sides of a ratio are recent. A curve that no loop feeds
-    (asked :data:`UNANSWERED` times in a row with nothing observed) stops asking and stays at its prior. At the end of a generation the curve is written to the cost
-    store (:meth:`save`) for later processes."""
+    times is as likely as not to have been slowed (a first step after the prefill is, by a third on the CPU). Other
+    sizes are interpolated between the sizes seen, and beyond them follow ``prior``'s shape. A ``t(1)`` sample comes
+    from a step that drafts nothing: :meth:`needs_plain` asks for one (the proposers then skip that step's draft)
+    while fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old;
+    ``t(1)`` is the fastest of the last :data:`BASE_WINDOW`, so both sides of a ratio are recent. A curve that no
+    loop feeds (asked :data:`UNANSWERED` times in a row with nothing observed) stops asking and stays at its prior.
+    At the end of a generation the curve is written to the cost store (:meth:`save`) for later processes."""
 
     WINDOW = 16
     BASE_WINDOW = 4  # t(1) samples kept: the recent ones, so that t(q) / t(1) compares nearby moments

@@ -78,9 +78,9 @@ class EddTreeProposer(TreeProposer):
     ``cost`` (PCT only; default on): size the tree by its cost on this machine (``core/draft_budget.py``): a frontier
     node is expanded when its estimate pays for a drafter forward and its verification (eq. 5's s_d/s_t read as the
     measured costs, ``c_d + max(c(3) - c(2), 0)``, with no timing during decoding), and the grown tree keeps the nodes
-    that pay for their verification. ``True`` uses the learnt cost curve and c_d of this machine (``core/verify_cost.py``), a
-    ``DraftBudget`` is used as given, ``False`` is the paper's PCT (s_d/s_t timed as it decodes, removal threshold).
-    ``ratio=`` pins s_d/s_t and turns the cost rule off."""
+    that pay for their verification. ``True`` uses the learnt cost curve and c_d of this machine
+    (``core/verify_cost.py``), a ``DraftBudget`` is used as given, ``False`` is the paper's PCT (s_d/s_t timed as it
+    decodes, removal threshold). ``ratio=`` pins s_d/s_t and turns the cost rule off."""
 
     needs_hidden_states = True
 
@@ -179,7 +179,7 @@ class EddTreeProposer(TreeProposer):
         if timer is not None:
             timer.next_step()
         tree = TokenTree.empty(input_ids.device)
-        if depth > 0 and (self.budget.draft_now(self.gate) if self.budget is not None else True):
+        if depth > 0 and (self.budget is None or self.budget.draft_now(self.gate)):
             self.last_tree = self.grow(self.expander(self.state, input_ids, timer), depth)
             tree = self.last_tree.token_tree(input_ids.device)
         self._t_proposed = timer.mark() if timer is not None and timer.timing else None

@@ -125,9 +125,6 @@ class _CandidateBudget(DraftBudget):
     """:class:`DraftBudget` whose "drafter" cost is the masks' width, ``c(1 + k) - 1``, read from the curve as it
     is learnt."""
 
-    def __init__(self, width: _StepWidth):
-        super().__init__(width)
-
     @property
     def drafter_cost(self) -> float:
         return self.cost(1) - 1.0
@@ -210,6 +207,7 @@ def space_generate(
     # the last mask group's first candidate, its confidence, and whether that step was a probe
     first: tuple[int, float, bool] | None = None
     cache, past = prepare_cache(model, input_ids, model_kwargs)
+    prompt_past = past  # what the caller's cache held: the first forward (the prefill) starts there
     masks = LayerMasks(model)  # sliding-window layers see their window (core/sliding_window.py)
     observer = CostObserver(model, input_ids.shape[1])  # learns c(q) from the steps (core/verify_cost.py)
 
@@ -243,7 +241,7 @@ def space_generate(
             **logits_to_keep(model, rows),
         )
         verify_s = tick(device) - t0
-        if past > 0:  # not the prefill: a verification forward, a sample of t(len(ids))
+        if past > prompt_past:  # not the prefill: a verification forward, a sample of t(len(ids))
             observer.stop(len(ids), mark)
         logits = out.logits[0, -rows:]  # row 0 = x_l
         del out
