@@ -7,6 +7,7 @@ One import, one keyword::
     target.generate(**inputs, custom_generate=hf_specdec.space)    # SPACE auto-correct decoding (space.txt)
                                   # on a SAR-SFT model, e.g. the shipped one: hf_specdec.load_space_model()
     target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide)  # GLIDE + CAPE trees
+    target.generate(**inputs, custom_generate=hf_specdec.edd_pct, drafter=edd)       # EDD + PCT trees
     target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=...)  # any token-tree proposer
     hf_specdec.apply_kernels(target)  # CPU: linear layers on oneDNN's prepacked kernels (hf_specdec/kernels.py)
 
@@ -22,6 +23,7 @@ from . import modeling  # noqa: F401  (Auto-class registration of the drafters)
 from .core import assisted
 from .core.tree import TokenTree
 from .core.tree_decoding import TreeProposer, tree_generate
+from .edd import edd_pct
 from .errors import SpecDecError
 from .glide import glide_cape
 from .kernels import apply_kernels, restore_kernels
@@ -39,6 +41,7 @@ __all__ = [
     "TokenTree",
     "TreeProposer",
     "apply_kernels",
+    "edd_pct",
     "glide_cape",
     "load_default_target",
     "load_space_model",

@@ -25,10 +25,12 @@ def unreadable_files(folder) -> dict[str, str]:
 
 def checkpoint_error(path, exc: Exception, what: str, fix: str) -> SpecDecError:
     """The one-line error for a checkpoint at ``path`` that failed to load with ``exc``: names the unreadable
-    weight file(s) when there are some (with safetensors' reason), and ``fix`` (re-download, re-train ...)."""
+    weight file(s) when there are some (with safetensors' reason), and ``fix`` (re-download, re-train ...).
+    ``what`` names the checkpoint ("GLIDE drafter"), or the parameter that gave it (``"model="``)."""
     bad = unreadable_files(path)
+    what = what if what.endswith("=") else f"{what} "
     if bad:
         files = "; ".join(f"{file} is truncated or corrupt ({reason})" for file, reason in bad.items())
-        return SpecDecError(f"{what} {path}: {files}; {fix}")
+        return SpecDecError(f"{what}{path}: {files}; {fix}")
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return SpecDecError(f"{what} {path}: cannot be loaded ({reason}); {fix}")
+    return SpecDecError(f"{what}{path}: cannot be loaded ({reason}); {fix}")

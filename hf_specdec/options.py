@@ -5,6 +5,8 @@ arguments and comma-separated number lists. They live here, not in ``hf_specdec.
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 
 from .errors import SpecDecError
 
@@ -26,17 +28,24 @@ def parse_ints(text: str) -> list[int]:
 
 
 def add_model_arguments(
-    p: argparse.ArgumentParser, flag: str = "--model", what: str = "the causal LM"
+    p: argparse.ArgumentParser,
+    flag: str = "--model",
+    what: str = "the causal LM",
+    deprecated: tuple[str, ...] = (),
 ) -> None:
-    """``flag`` (``--model`` or ``--target``: a model folder, a Hub id in the local cache, or a ``.gguf`` file) and
+    """``flag`` (``--model``: a model folder, a Hub id in the local cache, a ``.gguf`` file or a named target) and
     ``--gguf-file NAME`` (the GGUF inside that folder), shared by every command that loads a model; the command
-    passes both to ``load_target(..., gguf_file=args.gguf_file)``."""
+    passes both to ``load_target(args.model, ..., gguf_file=args.gguf_file)``. ``deprecated``: older spellings of
+    ``flag`` (``--target``) still accepted into the same ``args`` field, each with a note on stderr."""
     p.add_argument(
         flag,
+        *deprecated,
         default=None,
         metavar="PATH_OR_ID",
+        action=_deprecated_aliases(deprecated) if deprecated else "store",
         help=f"{what}: a model folder, a Hub id in the local HF cache, or a .gguf file "
-        "(default: the embedded SmolLM2-135M-Instruct)",
+        "(default: the embedded SmolLM2-135M-Instruct)"
+        + (f"; {', '.join(deprecated)}: its deprecated name" if deprecated else ""),
     )
     p.add_argument(
         "--gguf-file",
@@ -44,3 +53,34 @@ def add_model_arguments(
         metavar="NAME",
         help=f"the GGUF file inside {flag}'s folder (de-quantized once, cached under $HF_SPECDEC_HOME)",
     )
+
+
+def _deprecated_aliases(aliases: tuple[str, ...]) -> type[argparse.Action]:
+    """A store action that prints a deprecation note when the option is given as one of ``aliases``."""
+
+    class Store(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if option_string in aliases:
+                print(
+                    f"hf-specdec: {option_string} is deprecated: use {self.option_strings[0]} (same value)",
+                    file=sys.stderr,
+                )
+            setattr(namespace, self.dest, values)
+
+    return Store
+
+
+# the library's parameters named in its errors -> the command line's flags for them (:func:`cli_message`)
+FLAGS = {"model": "--model", "gguf_file": "--gguf-file"}
+_PARAMETER = re.compile(r"(?<![\w.-])(model|gguf_file)=(\S?)")
+
+
+def cli_message(message: str) -> str:
+    """A library error as the command line says it: ``model=X`` and ``gguf_file=NAME`` (``load_target``'s
+    parameters, which library errors name) become ``--model X`` and ``--gguf-file NAME``."""
+
+    def flag(m: re.Match) -> str:
+        rest = m.group(2)
+        return FLAGS[m.group(1)] + (f" {rest}" if rest and rest not in ";,:.)" else rest)
+
+    return _PARAMETER.sub(flag, message)

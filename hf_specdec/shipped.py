@@ -5,6 +5,7 @@ A named target (``targets.py``) may ship a drafter of each kind, ``resources/{ki
 ``space_training.json``'s ``target_info``) and PLD+(a)'s heads file (``{name}.heads.json``: its ``target``). A method
 given no checkpoint takes the one made for its target (:func:`shipped_checkpoint`), never another target's: a GLIDE
 drafter of SmolLM2 on Gemma would fail its fingerprint check anyway, with a message about the wrong thing.
+``glide_cape`` and ``edd_pct`` given no ``drafter=`` load the target's shipped drafter once (:func:`shipped_drafter`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import SpecDecError
 from .fingerprint import fingerprint_matches, target_fingerprint
 
 RESOURCES = Path(__file__).resolve().parent / "resources"
@@ -57,3 +59,37 @@ def shipped_targets(kind: str) -> list[str]:
         if recorded is not None:
             names.append(str(recorded.get("name")))
     return names
+
+
+# kind -> (the drafter class in hf_specdec.modeling, its name in messages, the custom_generate function that takes it)
+DRAFTERS = {
+    "glide": ("GlideForCausalLM", "GLIDE", "glide_cape"),
+    "edd": ("EddForCausalLM", "EDD", "edd_pct"),
+}
+_LOADED = "_hf_specdec_shipped_drafters"  # the drafters loaded for a model, kept on it
+
+
+def shipped_drafter(kind: str, model):
+    """The ``kind`` drafter (``glide``, ``edd``) shipped for the target ``model``, for a method given no
+    ``drafter=``: loaded once in ``model``'s dtype and on its device, then kept on ``model`` (a plain attribute, not a
+    submodule), so later calls reuse it. None ships for ``model``: one :class:`SpecDecError` naming ``drafter=``,
+    the command that trains one and the targets that ship one."""
+    cls_name, name, method = DRAFTERS[kind]
+    key = (kind, str(model.dtype), str(model.device))
+    loaded = model.__dict__.setdefault(_LOADED, {})
+    if key in loaded:
+        return loaded[key]
+    path = shipped_checkpoint(kind, model)
+    if path is None:
+        raise SpecDecError(
+            f"{method} needs {'an' if name[0] in 'AEIOU' else 'a'} {name} drafter: no drafter= was given and none "
+            f"ships for this target (one ships for: {', '.join(shipped_targets(kind)) or 'none'}). Train one with "
+            f"`hf-specdec train {kind} --model MODEL --output-dir DIR` and pass it as drafter=: "
+            f"target.generate(..., custom_generate=hf_specdec.{method}, "
+            f"drafter={cls_name}.from_pretrained(DIR, target=target))"
+        )
+    from . import modeling
+
+    drafter = getattr(modeling, cls_name).from_pretrained(path, target=model, dtype=model.dtype)
+    loaded[key] = drafter.to(model.device).eval()
+    return loaded[key]

@@ -139,9 +139,7 @@ def gguf_target_path(gguf: str | os.PathLike, gguf_file: str | None = None) -> P
     if gguf_file is not None:
         path = path / gguf_file
     if not path.is_file():
-        raise SpecDecError(
-            f"GGUF file {path} not found; pass a .gguf file, or a folder plus --gguf-file NAME"
-        )
+        raise SpecDecError(f"GGUF file {path} not found; pass a .gguf file, or a folder plus gguf_file=NAME")
     digest = hashlib.sha1()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -155,13 +153,15 @@ def gguf_target_path(gguf: str | os.PathLike, gguf_file: str | None = None) -> P
 
 
 def resolve_model_path(model: str | os.PathLike | None, gguf_file: str | None = None) -> str | Path:
-    """What ``from_pretrained`` should load for ``--model``: the converted default target (None), a converted GGUF
+    """What ``from_pretrained`` should load for ``model``: the converted default target (None), a converted GGUF
     (a ``.gguf`` file, or a folder plus ``gguf_file``), a converted named target (``targets.TARGETS``: a name
     that is no existing path), else ``model`` itself (a folder or a cached Hub id). A bare word that is none of
     these is an error listing the names."""
     if model is None:
         if gguf_file is not None:
-            raise SpecDecError("--gguf-file names a file inside --model's folder; pass --model too")
+            raise SpecDecError(
+                "gguf_file= names a file inside a model folder: pass that folder as model= too"
+            )
         return default_target_path()
     path = Path(model)
     if gguf_file is not None or path.suffix == ".gguf":
@@ -176,7 +176,7 @@ def resolve_model_path(model: str | os.PathLike | None, gguf_file: str | None = 
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         if ggufs:
             raise SpecDecError(
-                f"{path} holds GGUF files ({', '.join(ggufs)}) but no config.json: pass --gguf-file NAME "
+                f"{path} holds GGUF files ({', '.join(ggufs)}) but no config.json: pass gguf_file=NAME "
                 "(or the .gguf file itself)"
             )
     return model
@@ -199,11 +199,11 @@ def load_target(
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
         if unreadable_files(path):
-            raise checkpoint_error(path, exc, "--model", "re-download or re-convert the model") from None
+            raise checkpoint_error(path, exc, "model=", "re-download or re-convert the model") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecDecError(
-            f"--model {model}: not a causal LM that transformers can load offline ({first}); "
-            "pass a local folder with config.json + weights + tokenizer, a named target, or omit --model for the "
+            f"model={model}: not a causal LM that transformers can load offline ({first}); "
+            "pass a local folder with config.json + weights + tokenizer, a named target, or no model for the "
             "default target"
         ) from None
     lm.eval()
@@ -223,8 +223,8 @@ def load_tokenizer(
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecDecError(
-            f"--target {model}: no tokenizer that transformers can load offline there ({first}); "
-            "pass a local model folder, or omit it for the default target"
+            f"model={model}: no tokenizer that transformers can load offline there ({first}); "
+            "pass a local model folder, or no model for the default target"
         ) from None
 
 

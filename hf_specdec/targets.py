@@ -83,7 +83,7 @@ def known_targets() -> str:
 def unknown_target_error(name: str) -> SpecDecError:
     names = ", ".join(t.name for t in TARGETS)
     return SpecDecError(
-        f"--model {name}: no file or folder of that name and not a named target (known: {names}; "
+        f"model={name}: no file or folder of that name and not a named target (known: {names}; "
         "names are case-insensitive); pass a named target, a model folder with config.json, a .gguf file, "
         "or a Hub id (org/name) already in the local HF cache"
     )

@@ -332,7 +332,7 @@ def load_task(name: str, tokenizer=None, limit: int | None = None):
     if name not in TASKS:
         raise SpecDecError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     if limit is not None and limit < 1:
-        raise SpecDecError(f"--limit must be at least 1 (got {limit})")
+        raise SpecDecError(f"limit must be at least 1 (got limit={limit})")
     require_extra("bench", "datasets", need="building a bench task")
     from datasets import Dataset
 

@@ -252,7 +252,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         if "block_length" not in context:
             raise SpecDecError(
                 "train as you draft (ttt_steps > 1) needs EDD's drafting rounds, the blocks of the dual-block mask; "
-                "the --no-soft-prompt ablation trains a plain causal pass without them"
+                "the ablation without soft prompt (soft_prompt=False) trains a plain causal pass without them"
             )
         return drafted_positions(input_ids.shape[1], context["block_length"], input_ids.device)
 

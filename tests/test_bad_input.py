@@ -31,6 +31,7 @@ ENTRY_POINTS = {
     "pld_plus": lambda t: dict(custom_generate=hf_specdec.pld_plus),
     "pld_plus_attention": lambda t: dict(custom_generate=hf_specdec.pld_plus, pld_variant="attention"),
     "glide_cape": lambda t: dict(custom_generate=hf_specdec.glide_cape, drafter=_glide(t)),
+    "edd_pct": lambda t: dict(custom_generate=hf_specdec.edd_pct, drafter=_edd(t)),
     "tree_generate": lambda t: dict(custom_generate=hf_specdec.tree_generate, proposer=NGramTreeProposer()),
     "space": lambda t: dict(custom_generate=hf_specdec.space),
     "assistant_glide": lambda t: dict(assistant_model=_glide(t)),
@@ -70,11 +71,15 @@ def test_truncated_target_checkpoint_names_the_file_and_the_cli_exits_2(tmp_path
     tiny_llama().save_pretrained(tmp_path)
     path = _truncate(tmp_path)
     with pytest.raises(
-        SpecDecError, match=rf"--model {tmp_path}: {path} is truncated or corrupt .*re-download"
+        SpecDecError, match=rf"model={tmp_path}: {path} is truncated or corrupt .*re-download"
     ):
         load_target(tmp_path)
     capsys.readouterr()
     assert main(["demo", "--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("hf-specdec: error: ") and str(path) in err and "Traceback" not in err
+    assert (
+        err.startswith(f"hf-specdec: error: --model {tmp_path}: ")
+        and str(path) in err
+        and "Traceback" not in err
+    )
     assert len(err.strip().splitlines()) == 1

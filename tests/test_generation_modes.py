@@ -16,7 +16,6 @@ from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 import hf_specdec
 from hf_specdec.core.ngram_tree import NGramTreeProposer
 from hf_specdec.custom_generate_export import export_custom_generate
-from hf_specdec.edd import EddTreeProposer
 from hf_specdec.errors import SpecDecError
 
 from .conftest import tiny_llama
@@ -106,9 +105,7 @@ def _call(entry: str, models: dict):
         "tree_generate": lambda **m: target.generate(
             ids, custom_generate=hf_specdec.tree_generate, proposer=NGramTreeProposer(), **m
         ),
-        "edd_pct": lambda **m: target.generate(
-            ids, custom_generate=hf_specdec.tree_generate, proposer=EddTreeProposer(edd, "pct"), **m
-        ),
+        "edd_pct": lambda **m: target.generate(ids, custom_generate=hf_specdec.edd_pct, drafter=edd, **m),
         "assistant_glide": lambda **m: target.generate(ids, assistant_model=glide, **m),
         "assistant_edd": lambda **m: target.generate(ids, assistant_model=edd, **m),
         "assistant_glide_batch": lambda **m: target.generate(

@@ -44,12 +44,13 @@ def test_an_unknown_name_lists_the_known_ones(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_SPECDEC_HOME", str(tmp_path / "home"))
     with pytest.raises(
-        SpecDecError, match=r"--model gemma-9: .*known: SmolLM2-135M-Instruct, gemma-3-270m.*Hub id"
+        SpecDecError, match=r"model=gemma-9: .*known: SmolLM2-135M-Instruct, gemma-3-270m.*Hub id"
     ):
         load_target("gemma-9")
     assert main(["demo", "--model", "gemma-9"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "not a named target" in err and "a model folder" in err and len(err.splitlines()) == 1
+    assert "--model gemma-9: " in err and "not a named target" in err and "a model folder" in err
+    assert len(err.splitlines()) == 1
     assert not (tmp_path / "home").exists()  # nothing loaded or converted
 
 

@@ -119,7 +119,10 @@ def test_the_cli_wants_gguf_file_for_a_folder_of_ggufs(tmp_path, monkeypatch, ca
         err = capsys.readouterr().err.strip()
         assert "holds GGUF files (a.gguf)" in err and "--gguf-file NAME" in err and len(err.splitlines()) == 1
     assert main(["demo", "--gguf-file", "a.gguf"]) == 2
-    assert "pass --model too" in capsys.readouterr().err
+    assert (
+        "--gguf-file names a file inside a model folder: pass that folder as --model too"
+        in capsys.readouterr().err
+    )
 
 
 def test_gguf_inputs_get_clear_errors(tmp_path, monkeypatch):
@@ -130,9 +133,9 @@ def test_gguf_inputs_get_clear_errors(tmp_path, monkeypatch):
         load_target(tmp_path / "missing.gguf")
     (tmp_path / "only").mkdir()
     (tmp_path / "only" / "a.gguf").write_bytes(b"GGUF")
-    with pytest.raises(SpecDecError, match=r"holds GGUF files \(a.gguf\).*--gguf-file"):
+    with pytest.raises(SpecDecError, match=r"holds GGUF files \(a.gguf\).*pass gguf_file=NAME"):
         load_target(tmp_path / "only")
     with pytest.raises(SpecDecError, match="a.gguf: not a GGUF causal LM.*re-download"):
         load_target(tmp_path / "only", gguf_file="a.gguf")
-    with pytest.raises(SpecDecError, match="pass --model too"):
+    with pytest.raises(SpecDecError, match="pass that folder as model= too"):
         load_target(None, gguf_file="a.gguf")

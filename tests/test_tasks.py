@@ -88,7 +88,7 @@ def test_limit_and_plain_prompt_without_template():
 def test_bad_input_errors(monkeypatch):
     with pytest.raises(SpecDecError, match="unknown task 'nope'; choose from"):
         load_task("nope")
-    with pytest.raises(SpecDecError, match="--limit must be at least 1"):
+    with pytest.raises(SpecDecError, match=r"limit must be at least 1 \(got limit=0\)"):
         load_task("mt-bench", limit=0)
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -12,6 +12,7 @@ import sys
 
 from ..errors import SpecDecError
 from ..extras import require_extra
+from ..options import cli_message
 
 COMMANDS = [
     "hf_specdec.bench.cli",
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             require_extra(COMMAND_EXTRAS[args.command], need=f"hf-specdec {args.command}")
         return args.func(args) or 0
     except SpecDecError as exc:
-        print(f"hf-specdec: error: {exc}", file=sys.stderr)
+        print(f"hf-specdec: error: {cli_message(str(exc))}", file=sys.stderr)  # flags, not parameters
         return 2
     except KeyboardInterrupt:
         print("hf-specdec: interrupted", file=sys.stderr)

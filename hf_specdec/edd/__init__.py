@@ -19,21 +19,23 @@ The first round has no soft prompt yet (the target has not run), so the chain dr
 is the target's prefill. The ``soft_prompt=False`` ablation keeps the committed tokens instead and drafts at once.
 
 Modules: ``draft_state.py`` (EDD's KV cache), ``candidate_generator.py`` (chains), ``pct.py`` (PCT and the
-baseline trees, eq. 5), ``tree_proposer.py`` (trees in ``tree_generate``), ``tree_replay.py`` (``hf-specdec
-tree-replay``), ``checkpoint.py`` (where an unnamed EDD checkpoint is found). The drafter is ``modeling/edd.py``
+baseline trees, eq. 5), ``tree_proposer.py`` (trees in ``tree_generate``), ``generate.py`` (``hf_specdec.edd_pct``:
+PCT trees in one ``custom_generate`` call), ``tree_replay.py`` (``hf-specdec tree-replay``), ``checkpoint.py`` (where
+an unnamed EDD checkpoint is found). The drafter is ``modeling/edd.py``
 (``hf_specdec.modeling.EddForCausalLM``; dual-block mask ``modeling/masks.py``); its training is
 ``trainers/edd.py`` (``hf-specdec train edd``: KL loss eq. 4 ``trainers/losses.py``) and
 ``trainers/calibration.py`` (confidence temperature for PCT).
 
 Usage::
 
-    from hf_specdec.edd import EddTreeProposer
-    target.generate(**inputs, assistant_model=edd)                                               # chain
-    target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=EddTreeProposer(edd, "pct"))
+    target.generate(**inputs, assistant_model=edd)                                    # chain
+    target.generate(**inputs, custom_generate=hf_specdec.edd_pct, drafter=edd)        # PCT tree (generate.py)
+    target.generate(**inputs, custom_generate=hf_specdec.tree_generate, proposer=EddTreeProposer(edd, "vct"))
 """
 
 from .candidate_generator import EddCandidateGenerator
 from .draft_state import EddDraftState
+from .generate import edd_pct
 from .tree_proposer import EddTreeProposer
 
-__all__ = ["EddCandidateGenerator", "EddDraftState", "EddTreeProposer"]
+__all__ = ["EddCandidateGenerator", "EddDraftState", "EddTreeProposer", "edd_pct"]

@@ -59,6 +59,7 @@ from ..core.tree import TokenTree
 from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
+from ..shipped import shipped_drafter
 from .candidate_generator import GlideDraftCache
 from .expansion import (
     CHAIN,
@@ -249,14 +250,17 @@ def glide_cape(
     tree_streamer=None,
     **model_kwargs,
 ):
-    """``custom_generate`` for GLIDE + CAPE: ``target.generate(**inputs, custom_generate=hf_specdec.glide_cape,
-    drafter=glide)``. A left-padded batch (with ``attention_mask``) drafts and accepts per row (``tree_generate``);
+    """``custom_generate`` for GLIDE + CAPE, from "GLIDE with a CAPE: A Low-Hassle Method to Accelerate Speculative
+    Decoding" (Du et al., arXiv:2402.02082), §4.1 GLIDE and §4.2 CAPE: ``target.generate(**inputs,
+    custom_generate=hf_specdec.glide_cape, drafter=glide)``. A left-padded batch (with ``attention_mask``) drafts and accepts per row (``tree_generate``);
     every ``generate`` argument works as with ``tree_generate`` (pass a streamer as
     ``specdec_streamer=``: transformers 5.23 does not forward ``streamer=`` to a ``custom_generate`` callable;
     ``tree_streamer=`` is its deprecated name).
 
     Args:
-        drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed).
+        drafter: a ``GlideForCausalLM`` trained for this target (attached to it here if needed). None: the GLIDE
+            drafter shipped for this target (``hf_specdec/shipped.py``, loaded once and kept on the target), else a
+            ``SpecDecError`` saying how to train one.
         cape_gamma: gamma, proposal length (default: the drafter's ``num_assistant_tokens``, else 5).
         cape_expansion: S(p) as ``[(upper, K), ...]`` (default :data:`DEFAULT_EXPANSION`).
         cape_cost: size the draft by its cost (module docstring, ``core/draft_budget.py``): ``True`` uses the
@@ -265,15 +269,12 @@ def glide_cape(
             gamma tokens and keeps every token of S(p), as in the paper.
         stats: a ``DecodeStats`` to fill (tau = new tokens per target forward; ``steps[i]["nodes"]``).
     """
-    if drafter is None:
-        raise SpecDecError(
-            "glide_cape needs a GLIDE drafter: target.generate(..., custom_generate=hf_specdec.glide_cape, "
-            "drafter=GlideForCausalLM.from_pretrained(path, target=target))"
-        )
     check_generation_mode(
         generation_config or model.generation_config, "custom_generate=hf_specdec.glide_cape"
     )
     check_prompt(input_ids, "custom_generate=hf_specdec.glide_cape", batch=True)
+    if drafter is None:  # the target's shipped drafter, loaded once; else one error saying how to get one
+        drafter = shipped_drafter("glide", model)
     rows = input_ids.shape[0]  # a batch's rows share each verification forward (DraftBudget)
     gate = None
     if cape_cost is True:
