@@ -88,8 +88,9 @@ def shipped_drafter(kind: str, model):
             f"target.generate(..., custom_generate=hf_specdec.{method}, "
             f"drafter={cls_name}.from_pretrained(DIR, target=target))"
         )
-    from . import modeling
+    # through the Auto classes (``import hf_specdec`` registers the drafters): this module imports no drafter module
+    from transformers import AutoModelForCausalLM
 
-    drafter = getattr(modeling, cls_name).from_pretrained(path, target=model, dtype=model.dtype)
+    drafter = AutoModelForCausalLM.from_pretrained(path, target=model, dtype=model.dtype)
     loaded[key] = drafter.to(model.device).eval()
     return loaded[key]

@@ -120,3 +120,16 @@ def test_library_errors_name_parameters_and_the_cli_its_flags(capsys):
     assert main(["demo", "--gguf-file", "a.gguf"]) == 2
     cli = capsys.readouterr().err
     assert "--gguf-file" in cli and "--model" in cli and "gguf_file=" not in cli
+
+
+@pytest.mark.real
+def test_the_default_target_uses_its_shipped_drafters(real_target):
+    """Given no drafter=, glide_cape and edd_pct on the default target run its shipped GLIDE / EDD drafter."""
+    target, tokenizer = real_target
+    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    kw = dict(max_new_tokens=8, do_sample=False)
+    plain = target.generate(ids, **kw)
+    for method, kind in ((hf_specdec.glide_cape, "glide"), (hf_specdec.edd_pct, "edd")):
+        assert torch.equal(target.generate(ids, custom_generate=method, **kw), plain)
+        drafter = shipped.shipped_drafter(kind, target)  # the one the call loaded, kept on the target
+        assert drafter.target is target and drafter.name_or_path.endswith(f"{kind}-smollm2")
