@@ -255,7 +255,7 @@ _LONG_EDIT_SKIP = frozenset(  # skipped: removed in 3.12/3.13 (so 3.10-3.13 shar
 )
 # ~1 SmolLM2 token each (0.84-1.27 on stdlib functions/classes of 2000-14000 chars; a char is 0.19-0.35)
 _LEXEMES = re.compile(r"[A-Za-z]+|\d|[^\w\s]|\n *")  # words, digits, punctuation marks, line starts
-# a table of 13 numbers: alone a match of the corpus's 13-word bench filter (trainers/bench_overlap.py)
+# a table of 13 numbers: alone a match of the corpus's 13-word bench filter (trainers/corpus/bench_overlap.py)
 _NUMBER_RUN = re.compile(r"\d+(?:\W+\d+){12}")
 _KINDS = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}
 _NOT_RENAMED = frozenset({"self", "cls", *dir(builtins)})  # nor are names of one letter or dunders

@@ -63,7 +63,8 @@ class EddConfig(PretrainedConfig):
     - ``draft_vocab_size``: size of the optional reduced draft vocabulary (``modeling/attached.py``).
     - ``confidence_temperature``: ``T`` of the confidences the candidate trees read, ``softmax(logits / T)``
       (PCT assumes they are calibrated, §3.2); fitted on validation data after training
-      (``trainers/calibration.py``). 1.0 = the raw softmax. The drafted tokens' ranking does not depend on it.
+      (``trainers/drafters/calibration.py``). 1.0 = the raw softmax. The drafted tokens' ranking does not depend
+      on it.
     """
 
     model_type = "hf_specdec_edd"  # namespaced: no future transformers model can take the name
@@ -213,7 +214,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         )
         return out.last_hidden_state
 
-    # ---------------------------------------------------------------- training protocol (trainers/drafter_trainer.py)
+    # --------------------------------------------------------------- training protocol (trainers/drafters/trainer.py)
     def target_forward_kwargs(self) -> dict | None:
         """What the trainer asks of the frozen target: all hidden states (we keep ``encoder_layer``'s)."""
         return {"output_hidden_states": True} if self.config.soft_prompt else None
@@ -247,8 +248,8 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
 
     def drafted_positions(self, input_ids: torch.LongTensor, context: dict) -> torch.Tensor:
         """Bool (n,): the positions whose input is, at inference, EDD's own previous draft: all but the first token of
-        each block of this step's dual-block mask (``trainers/unrolled.py``). The ablation without soft prompt trains
-        a causal pass with no rounds: an error."""
+        each block of this step's dual-block mask (``trainers/drafters/unrolled.py``). The ablation without soft
+        prompt trains a causal pass with no rounds: an error."""
         if "block_length" not in context:
             raise SpecDecError(
                 "train as you draft (ttt_steps > 1) needs EDD's drafting rounds, the blocks of the dual-block mask; "
@@ -257,9 +258,10 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         return drafted_positions(input_ids.shape[1], context["block_length"], input_ids.device)
 
     def unrolled_inputs(self, input_ids: torch.LongTensor, fed_ids: torch.LongTensor, context: dict) -> dict:
-        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids`` (``trainers/unrolled.py``): the
-        same pass over them, with the same soft prompt and block length. Under the dual-block mask a token sees only
-        its own block's tokens (earlier blocks reach it as soft prompt), exactly as a drafting round at inference."""
+        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids``
+        (``trainers/drafters/unrolled.py``): the same pass over them, with the same soft prompt and block length.
+        Under the dual-block mask a token sees only its own block's tokens (earlier blocks reach it as soft prompt),
+        exactly as a drafting round at inference."""
         return {**context, "input_ids": fed_ids}
 
     def hidden_states(

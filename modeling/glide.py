@@ -125,7 +125,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
                 layer.cross_layernorm.load_state_dict(read.input_layernorm.state_dict())
         self.norm.load_state_dict(base.norm.state_dict())
 
-    # ---------------------------------------------------------------- training protocol (trainers/drafter_trainer.py)
+    # --------------------------------------------------------------- training protocol (trainers/drafters/trainer.py)
     def target_forward_kwargs(self) -> dict | None:
         """What the trainer asks of the frozen target: its KV cache (None for the vanilla drafter), in a new cache of
         full layers on every call: a sliding-window layer's own cache would keep only its window, where at inference
@@ -163,15 +163,16 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
 
     def drafted_positions(self, input_ids: torch.LongTensor, context: dict) -> torch.Tensor:
         """Bool (n,): the positions whose input is, at inference, GLIDE's own previous draft (all but the first of
-        each block of the block-wise mask; ``trainers/unrolled.py``)."""
+        each block of the block-wise mask; ``trainers/drafters/unrolled.py``)."""
         return drafted_positions(input_ids.shape[1], self.config.block_size, input_ids.device)
 
     def unrolled_inputs(self, input_ids: torch.LongTensor, fed_ids: torch.LongTensor, context: dict) -> dict:
-        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids`` (``trainers/unrolled.py``): one
-        pass over ``[input_ids ; fed_ids]`` (both at positions 0..n-1). The self-attention mask lets a fed-back token
-        see the data tokens before its round (at inference the drafter's own cache holds the verified tokens there)
-        and the fed-back tokens of its round (``modeling/masks.dual_block_mask``, the same pattern); both halves see
-        the target's cache through the block-wise mask. The fed-back half is the last n outputs."""
+        """``forward`` kwargs of a training step whose drafted inputs are ``fed_ids``
+        (``trainers/drafters/unrolled.py``): one pass over ``[input_ids ; fed_ids]`` (both at positions 0..n-1). The
+        self-attention mask lets a fed-back token see the data tokens before its round (at inference the drafter's
+        own cache holds the verified tokens there) and the fed-back tokens of its round
+        (``modeling/masks.dual_block_mask``, the same pattern); both halves see the target's cache through the
+        block-wise mask. The fed-back half is the last n outputs."""
         b, n = input_ids.shape
         positions = torch.arange(n, device=input_ids.device)
         kwargs = dict(context)

@@ -6,7 +6,7 @@ is cut into blocks of L tokens (L = 5 in the paper) and a draft query at positio
 keys/values at position k only if ``block(j) > block(k)``, with ``block(x) = x // L``. This reproduces the KV
 delay of inference, where the drafter proposing token t+i only sees the target's cache up to t-1.
 ``dual_block_mask`` is EDD's dual-block mask (and GLIDE's unrolled self-attention mask); ``drafted_positions`` says
-which inputs of a block are, at inference, the drafter's own drafts (``trainers/unrolled.py``).
+which inputs of a block are, at inference, the drafter's own drafts (``trainers/drafters/unrolled.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def dual_block_mask(length: int, block_length: int, device: torch.device | str |
     soft-prompt part of EDD's KV cache is built at inference. Block 0's tokens see no soft prompt.
 
     The same pattern is GLIDE's self-attention mask over ``[data tokens ; fed-back tokens]`` in an unrolled training
-    step (``trainers/unrolled.py``): a fed-back token of block j sees the data (verified) tokens before its round and
-    the fed-back tokens of its round up to itself; the data rows are the ordinary causal pass.
+    step (``trainers/drafters/unrolled.py``): a fed-back token of block j sees the data (verified) tokens before its
+    round and the fed-back tokens of its round up to itself; the data rows are the ordinary causal pass.
     """
     if block_length < 1:
         raise ValueError(f"block_length must be >= 1, got {block_length}")

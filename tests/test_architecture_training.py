@@ -1,15 +1,15 @@
 """Training on tiny targets of six architectures (issue #33, ``tests/tiny_architectures.py``): a few steps of GLIDE and
-EDD through ``DrafterTrainer`` and of SPACE's SAR-SFT (LoRA + the ``[M]`` row, ``trainers/space.py``) on each lower
-the loss; the drafters' checkpoints reload with ``from_pretrained(..., target=target)`` and give the same logits, the
-SPACE adapter loads onto its base (``load_space_model``) as the trained model and decodes losslessly. Decoding:
-``test_architectures.py``."""
+EDD through ``DrafterTrainer`` and of SPACE's SAR-SFT (LoRA + the ``[M]`` row, ``trainers/space/train.py``) on each
+lower the loss; the drafters' checkpoints reload with ``from_pretrained(..., target=target)`` and give the same
+logits, the SPACE adapter loads onto its base (``load_space_model``) as the trained model and decodes losslessly.
+Decoding: ``test_architectures.py``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from hf_specdec.modeling import EddConfig, EddForCausalLM, GlideConfig, GlideForCausalLM
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer
+from hf_specdec.trainers.drafters.trainer import DrafterTrainer
 from transformers import AutoModelForCausalLM, TrainingArguments
 
 import hf_specdec
@@ -96,9 +96,9 @@ def _tokenizer():
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_space_sar_sft_trains_and_its_adapter_loads_onto_the_base(arch, tmp_path):
     from datasets import Dataset
-    from hf_specdec.trainers.space import apply_lora
-    from hf_specdec.trainers.space_card import write_model_card
-    from hf_specdec.trainers.space_collator import SpaceDataCollator
+    from hf_specdec.trainers.space.card import write_model_card
+    from hf_specdec.trainers.space.collator import SpaceDataCollator
+    from hf_specdec.trainers.space.train import apply_lora
     from transformers import Trainer
 
     from hf_specdec.fingerprint import target_fingerprint

@@ -1,4 +1,4 @@
-"""Confidence calibration for PCT (trainers/calibration.py): the temperature fit, the ECE, the trees reading
+"""Confidence calibration for PCT (trainers/drafters/calibration.py): the temperature fit, the ECE, the trees reading
 the calibrated confidences, and ``hf-specdec calibrate`` on the shipped EDD."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from hf_specdec.trainers.calibration import (
+from hf_specdec.trainers.drafters.calibration import (
     CARD_SECTION,
     calibrate,
     fit_temperature,

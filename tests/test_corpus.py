@@ -1,4 +1,5 @@
-"""The pre-tokenized training corpus (trainers/corpus.py) and the shared drafter training entry (drafter_run.py)."""
+"""The pre-tokenized training corpus (trainers/data/tokenized.py) and the shared drafter training entry
+(trainers/drafters/run.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .conftest import tiny_llama
 
 @pytest.fixture(scope="module")
 def small_corpus(real_target, tmp_path_factory):
-    from hf_specdec.trainers.corpus import build_corpus
+    from hf_specdec.trainers.data.tokenized import build_corpus
 
     out = tmp_path_factory.mktemp("corpus")
     build_corpus(real_target[1], out, limit_conversations=12)
@@ -24,8 +25,8 @@ def small_corpus(real_target, tmp_path_factory):
 @pytest.mark.real
 def test_corpus_blocks_equal_live_tokenization(real_target, small_corpus):
     """Training from the corpus sees exactly the blocks (ids and assistant-only labels) tokenizing ShareGPT gives."""
-    from hf_specdec.trainers.corpus import packed_from_corpus
-    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.data.chat import packed_dataset
+    from hf_specdec.trainers.data.tokenized import packed_from_corpus
 
     tok = real_target[1]
     for split, limit in (("train", 20), ("validation", 6)):
@@ -42,8 +43,8 @@ def test_corpus_blocks_equal_live_tokenization(real_target, small_corpus):
 def test_corpus_first_turns_equal_live_sft_samples(real_target, small_corpus):
     """`train space --corpus` trains on the samples `sft_dataset` tokenizes from ShareGPT's first turns: the same
     ids, labels and truncation, the first answer's closing tag included and nothing after it."""
-    from hf_specdec.trainers.corpus import first_turns
-    from hf_specdec.trainers.data import sft_dataset
+    from hf_specdec.trainers.data.chat import sft_dataset
+    from hf_specdec.trainers.data.tokenized import first_turns
 
     tok = real_target[1]
     for split, length in (("train", 96), ("validation", 4096)):
@@ -60,7 +61,7 @@ def test_corpus_first_turns_equal_live_sft_samples(real_target, small_corpus):
 def test_corpus_refuses_another_tokenizer_and_a_corrupt_file(real_target, small_corpus, tmp_path):
     import shutil
 
-    from hf_specdec.trainers.corpus import packed_from_corpus
+    from hf_specdec.trainers.data.tokenized import packed_from_corpus
     from transformers import AutoTokenizer
 
     other = AutoTokenizer.from_pretrained(real_target[1].name_or_path)
@@ -81,7 +82,7 @@ def test_training_puts_the_target_on_the_trainers_device(monkeypatch, tmp_path):
     """The Trainer moves only the drafter: the run places the frozen target on ``TrainingArguments.device``
     before the drafter is built (a 'meta' device stands in for a GPU)."""
 
-    from hf_specdec.trainers import drafter_run
+    from hf_specdec.trainers.drafters import run as drafter_run
 
     target = tiny_llama()
 
@@ -114,8 +115,8 @@ def test_kl_loss_option_trains_on_the_target_distribution_alone(tmp_path):
     """DrafterTrainer(loss="kl") is KL(P_t || P_d) with no cross-entropy term: it does not read the labels' tokens."""
 
     from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-    from hf_specdec.trainers.drafter_trainer import DrafterTrainer
-    from hf_specdec.trainers.losses import kl_loss
+    from hf_specdec.trainers.drafters.losses import kl_loss
+    from hf_specdec.trainers.drafters.trainer import DrafterTrainer
     from transformers import TrainingArguments
 
     target = tiny_llama(num_hidden_layers=4)

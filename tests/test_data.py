@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hf_specdec.trainers.bench_overlap import BenchFilter, bench_texts, clean_items
-from hf_specdec.trainers.regenerate_store import (
+from hf_specdec.trainers.corpus.bench_overlap import BenchFilter, bench_texts, clean_items
+from hf_specdec.trainers.corpus.store import (
     REGEN_FORMAT,
     SHARD_SUFFIXES,
     read_shard,

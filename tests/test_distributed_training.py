@@ -61,7 +61,7 @@ def _trained(out) -> dict:
 @pytest.mark.slow
 def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(real_target, tmp_path):
     import torch
-    from hf_specdec.trainers.corpus import build_corpus
+    from hf_specdec.trainers.data.tokenized import build_corpus
 
     corpus = tmp_path / "corpus"
     build_corpus(real_target[1], corpus, limit_conversations=12)

@@ -1,4 +1,5 @@
-"""Sizing a draft vocabulary (trainers/draft_vocab.py): the acceptance each size keeps, and the chain's model."""
+"""Sizing a draft vocabulary (trainers/drafters/draft_vocab.py): the acceptance each size keeps, and the chain's
+model."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hf_specdec.trainers.draft_vocab import expected_tokens, frequent_tokens_from_counts, vocab_table
+from hf_specdec.trainers.drafters.draft_vocab import expected_tokens, frequent_tokens_from_counts, vocab_table
 
 
 class _Validation:

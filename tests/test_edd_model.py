@@ -9,7 +9,7 @@ import pytest
 import torch
 from hf_specdec.modeling import EddConfig, EddForCausalLM
 from hf_specdec.modeling.masks import dual_block_mask
-from hf_specdec.trainers.losses import ce_loss, draft_loss, kl_loss
+from hf_specdec.trainers.drafters.losses import ce_loss, draft_loss, kl_loss
 
 import hf_specdec  # noqa: F401  (installs the assistant hook)
 from hf_specdec.errors import SpecDecError

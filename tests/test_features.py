@@ -1,5 +1,5 @@
-"""The feature store (trainers/features.py): what the drafter reads, kept from one target pass, equals a fresh pass,
-and training from it gives the loss training from the live target gives."""
+"""The feature store (trainers/drafters/features.py): what the drafter reads, kept from one target pass, equals a
+fresh pass, and training from it gives the loss training from the live target gives."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_specdec.trainers.corpus import CORPUS_FORMAT
-from hf_specdec.trainers.data import stack_collator
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer
-from hf_specdec.trainers.features import FeatureStore, build_features, drafter_for_kind
-from hf_specdec.trainers.losses import teacher_top_k, top_k_kl_loss
+from hf_specdec.trainers.data.chat import stack_collator
+from hf_specdec.trainers.data.tokenized import CORPUS_FORMAT
+from hf_specdec.trainers.drafters.features import FeatureStore, build_features, drafter_for_kind
+from hf_specdec.trainers.drafters.losses import teacher_top_k, top_k_kl_loss
+from hf_specdec.trainers.drafters.trainer import DrafterTrainer
 from transformers import TrainingArguments
 
 from hf_specdec.errors import SpecDecError
@@ -103,7 +103,7 @@ def test_training_from_the_store_gives_the_live_loss(kind, target, corpus, tmp_p
 
 
 def test_a_store_resumes_and_refuses_what_does_not_fit(target, corpus, tmp_path):
-    import hf_specdec.trainers.features as features
+    import hf_specdec.trainers.drafters.features as features
 
     drafter = drafter_for_kind("edd", target)
     old = features.SHARD_BLOCKS
@@ -136,7 +136,7 @@ def test_the_target_runs_where_the_user_asks():
     lacks is a clear error; build_features runs wherever the target already is."""
     import argparse
 
-    from hf_specdec.trainers.features import add_parser, resolve_device
+    from hf_specdec.trainers.drafters.features import add_parser, resolve_device
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())

@@ -20,7 +20,7 @@ import pytest
 import torch
 from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from hf_specdec.modeling.masks import blockwise_cross_mask
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer
+from hf_specdec.trainers.drafters.trainer import DrafterTrainer
 
 from hf_specdec.glide.candidate_generator import GlideCandidateGenerator, GlideDraftCache
 from hf_specdec.hf_compat import cache_of

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer
+from hf_specdec.trainers.drafters.trainer import DrafterTrainer
 
 
 @pytest.mark.real
 @pytest.mark.slow
 def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
     from datasets import Dataset
-    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.data.chat import packed_dataset
     from transformers import TrainingArguments
 
     model, tok = real_target
@@ -43,7 +43,7 @@ def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
 
 def test_expected_acceptance_hand_computation():
     """glide-cape.txt §5's alpha: sum_x min(P_t(x), P_d(x)) per position, over a reduced draft vocabulary too."""
-    from hf_specdec.trainers.losses import expected_acceptance
+    from hf_specdec.trainers.drafters.losses import expected_acceptance
 
     target = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))
     draft = torch.log(torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]]))
@@ -172,7 +172,7 @@ def test_bf16_mixed_precision_trains_and_saves_an_fp32_checkpoint(real_target, t
     fp32 weights, and the checkpoint loads in fp32 with the logits it was saved with."""
     from datasets import Dataset
     from hf_specdec.modeling import EddConfig, EddForCausalLM
-    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.data.chat import packed_dataset
     from transformers import AutoModelForCausalLM, TrainingArguments
 
     model, tok = real_target
@@ -242,8 +242,8 @@ def test_precision_auto_is_bf16_only_where_native(monkeypatch, native):
 def test_training_clis_default_to_precision_auto():
     import argparse
 
-    from hf_specdec.trainers.run_options import add_job_arguments
-    from hf_specdec.trainers.space import add_arguments
+    from hf_specdec.trainers.drafters.options import add_job_arguments
+    from hf_specdec.trainers.space.train import add_arguments
 
     for add in (add_job_arguments, add_arguments):
         p = argparse.ArgumentParser()
@@ -258,8 +258,9 @@ def test_every_training_run_resumes_by_one_policy(tmp_path):
     one; ``--resume`` requires one; ``--no-resume`` refuses a folder holding one (it would rotate it away)."""
     import argparse
 
-    from hf_specdec.trainers import edd, glide, space
+    from hf_specdec.trainers.drafters import edd, glide
     from hf_specdec.trainers.run_support import resume_point
+    from hf_specdec.trainers.space import train as space
 
     from hf_specdec.errors import SpecDecError
 
@@ -284,7 +285,7 @@ def test_every_training_run_resumes_by_one_policy(tmp_path):
 def test_validation_holds_the_asked_supervised_tokens():
     """Issue #32: validation blocks are taken until they hold --eval-tokens supervised tokens (or the split ends)."""
     from datasets import Dataset
-    from hf_specdec.trainers.training_rows import validation_blocks
+    from hf_specdec.trainers.data.rows import validation_blocks
 
     asked = []
 

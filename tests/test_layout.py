@@ -66,7 +66,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("package", ("hf_specdec", "hf_specdec.custom_generate_export")),
+    # trainers/: what every run shares at its top level (run_support), then the data every run reads, then the
+    # pipelines (the corpora of ``hf-specdec corpus``, drafter training, SPACE's SAR-SFT), which may import each other
     ("trainers", ("hf_specdec.trainers",)),
+    ("training data", ("hf_specdec.trainers.data",)),
+    (
+        "training pipelines",
+        ("hf_specdec.trainers.corpus", "hf_specdec.trainers.drafters", "hf_specdec.trainers.space"),
+    ),
     ("bench", ("hf_specdec.bench",)),
     ("cli", ("hf_specdec.cli",)),
 ]
@@ -190,10 +197,22 @@ def test_the_layer_check_sees_an_upward_import():
         layer_of("hf_specdec.core.tree")
         < layer_of("hf_specdec.modeling.edd")
         < layer_of("hf_specdec.trainers")
+        < layer_of("hf_specdec.trainers.data.rows")
+        < layer_of("hf_specdec.trainers.drafters.unrolled")
+        == layer_of("hf_specdec.trainers.space.train")
     )
-    graph = {"hf_specdec.modeling.edd": {"hf_specdec.trainers.unrolled", "hf_specdec.core.tree"}}
+    graph = {"hf_specdec.modeling.edd": {"hf_specdec.trainers.drafters.unrolled", "hf_specdec.core.tree"}}
     assert upward_imports(graph) == [
-        "hf_specdec.modeling.edd (drafters and methods) imports hf_specdec.trainers.unrolled (trainers)"
+        "hf_specdec.modeling.edd (drafters and methods) imports hf_specdec.trainers.drafters.unrolled (training pipelines)"
+    ]
+    graph = {
+        "hf_specdec.trainers.data.rows": {
+            "hf_specdec.trainers.drafters.run",
+            "hf_specdec.trainers.run_support",
+        }
+    }
+    assert upward_imports(graph) == [
+        "hf_specdec.trainers.data.rows (training data) imports hf_specdec.trainers.drafters.run (training pipelines)"
     ]
 
 
@@ -203,9 +222,10 @@ def test_every_module_has_a_layer():
 
 
 def test_imports_go_down_the_layers():
-    """base < core < drafters and methods < package < trainers < bench < cli: so ``modeling/`` never imports a
-    trainer, the bench or the CLI, no library module imports ``hf_specdec.cli`` (its option helpers are
-    ``hf_specdec.options``), and ``core/`` imports no method."""
+    """base < core < drafters and methods < package < trainers < training data < training pipelines < bench < cli: so
+    ``modeling/`` never imports a trainer, the bench or the CLI, no library module imports ``hf_specdec.cli`` (its
+    option helpers are ``hf_specdec.options``), ``core/`` imports no method, and ``trainers/data/`` imports none of
+    the pipelines it feeds."""
     bad = upward_imports(import_graph())
     assert not bad, "imports against the layers (tests/test_layout.py LAYERS):\n" + "\n".join(bad)
 

@@ -1,5 +1,5 @@
-"""Drafter model cards the Hub understands (``trainers/drafter_card.py``): YAML read back by ``huggingface_hub``, the
-target as ``base_model``, the recorded figures as results, a usage snippet that runs as written; and the Hub
+"""Drafter model cards the Hub understands (``trainers/drafters/card.py``): YAML read back by ``huggingface_hub``,
+the target as ``base_model``, the recorded figures as results, a usage snippet that runs as written; and the Hub
 arguments of ``save_pretrained`` / ``Trainer`` pass through our classes untouched (no network: uploads stubbed)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_specdec.trainers.drafter_card import EVALUATIONS, add_evaluation, refresh_card
-from hf_specdec.trainers.glide import write_model_card
+from hf_specdec.trainers.drafters.card import EVALUATIONS, add_evaluation, refresh_card
+from hf_specdec.trainers.drafters.glide import write_model_card
 from huggingface_hub import ModelCard
 
 from hf_specdec.errors import SpecDecError
@@ -194,7 +194,7 @@ def test_save_pretrained_push_to_hub_passes_through(tmp_path, monkeypatch, targe
 
 
 def test_trainer_hub_arguments_pass_through(tmp_path, monkeypatch, target_and_edd):
-    from hf_specdec.trainers.drafter_trainer import DrafterTrainer
+    from hf_specdec.trainers.drafters.trainer import DrafterTrainer
     from transformers import Trainer, TrainingArguments
 
     target, edd = target_and_edd

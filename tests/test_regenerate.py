@@ -1,4 +1,4 @@
-"""The regenerated corpus (trainers/regenerate*.py and bench_overlap.py, ``hf-specdec corpus --regenerate``): the
+"""The regenerated corpus (trainers/corpus/, ``hf-specdec corpus --regenerate``): the
 target's own answers to ShareGPT's prompts as a ``datasets`` dataset plus the token corpus, resumable shard by
 shard, with no bench prompt in it; ``hf-specdec features`` and drafter training read it like ``hf-specdec
 corpus``'s."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from hf_specdec.trainers.regenerate_store import read_shard
+from hf_specdec.trainers.corpus.store import read_shard
 
 from hf_specdec.cli import main
 from hf_specdec.errors import SpecDecError
@@ -42,7 +42,7 @@ def regenerate(out, target, *extra):
 
 
 def bench_words():
-    from hf_specdec.trainers.bench_overlap import BenchFilter, bench_texts
+    from hf_specdec.trainers.corpus.bench_overlap import BenchFilter, bench_texts
 
     return BenchFilter(bench_texts())
 
@@ -94,7 +94,7 @@ def test_resuming_regenerates_only_the_missing_shard(regenerated, tiny_target):
     for p, (text, mtime) in before.items():
         assert read_shard(p) == text  # greedy: the same content
         assert (p.stat().st_mtime_ns == mtime) == (p != shards[1])  # only the deleted shard was written
-    from hf_specdec.trainers.regenerate import regenerate as run
+    from hf_specdec.trainers.corpus.regenerate import regenerate as run
 
     from hf_specdec.target import load_target
 
@@ -118,7 +118,7 @@ def test_sampling_records_the_targets_settings_and_resumes_identically(tiny_targ
 def test_a_shard_keeps_answers_holding_unicode_line_breaks(tmp_path):
     """The target may write U+2028, U+0085 or a form feed; written unescaped (``ensure_ascii=False``), they must not
     split a shard's record when it is read back (``str.splitlines`` did, and ``--finalize`` failed)."""
-    from hf_specdec.trainers.regenerate_store import write_shard
+    from hf_specdec.trainers.corpus.store import write_shard
 
     records = [
         {"messages": [{"role": "assistant", "content": f"a{c}b"}]} for c in "\u2028\u2029\x85\x0c\x1c\r"
@@ -133,7 +133,7 @@ def test_shards_are_compressed_and_an_older_runs_plain_shards_still_count(tmp_pa
     resume skips and ``--finalize`` reads, counted once when both copies are there."""
     import lzma
 
-    from hf_specdec.trainers.regenerate_store import shard_done, shard_files, shard_path, write_shard
+    from hf_specdec.trainers.corpus.store import shard_done, shard_files, shard_path, write_shard
 
     records = [{"messages": [{"role": "assistant", "content": "the same answer " * 50}]}] * 20
     path = shard_path(tmp_path, "train", 0)
@@ -152,7 +152,7 @@ def test_a_run_stopped_while_it_records_a_shard_keeps_its_settings_file(tmp_path
     """regenerate.json is what a resume checks; a kill in the middle of rewriting it must leave the last whole one."""
     from pathlib import Path
 
-    from hf_specdec.trainers.regenerate_store import record_shard, write_meta
+    from hf_specdec.trainers.corpus.store import record_shard, write_meta
 
     meta = {"format": 1, "runs": [{"command": "x", "shards": ["train-00000.jsonl.xz"]}]}
     write_meta(tmp_path, meta)
@@ -176,7 +176,7 @@ def test_a_run_stopped_while_it_records_a_shard_keeps_its_settings_file(tmp_path
 
 
 def test_measure_times_each_method_and_batch_size(tiny_target):
-    from hf_specdec.trainers.regenerate_measure import measure
+    from hf_specdec.trainers.corpus.measure import measure
 
     from hf_specdec.target import load_target
 
@@ -254,7 +254,7 @@ def test_the_bench_filter_drops_planted_bench_prompts(tiny_target, tmp_path, mon
         "Can you parallelize it with MPI?"
     )
     items = [clean[0], *planted, clean[1]]
-    monkeypatch.setattr("hf_specdec.trainers.bench_overlap._sharegpt_items", lambda split: iter(items))
+    monkeypatch.setattr("hf_specdec.trainers.corpus.bench_overlap._sharegpt_items", lambda split: iter(items))
     regenerate(tmp_path, tiny_target, "--splits", "train")
     data = load_from_disk(str(tmp_path / "dataset"))["train"]
     assert data["conversation_id"] == ["clean-0", "clean-1"]
@@ -263,8 +263,8 @@ def test_the_bench_filter_drops_planted_bench_prompts(tiny_target, tmp_path, mon
 
 
 def test_features_and_training_read_the_regenerated_corpus(regenerated, tiny_target, tmp_path):
-    from hf_specdec.trainers.corpus import packed_from_corpus
-    from hf_specdec.trainers.features import FeatureStore
+    from hf_specdec.trainers.data.tokenized import packed_from_corpus
+    from hf_specdec.trainers.drafters.features import FeatureStore
     from transformers import AutoTokenizer
 
     blocks = packed_from_corpus(regenerated, "train", 16, 4, AutoTokenizer.from_pretrained(tiny_target))

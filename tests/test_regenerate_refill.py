@@ -1,4 +1,4 @@
-"""``corpus --regenerate --method ar-refill`` (trainers/regenerate_refill.py): greedy answers with a refilled batch
+"""``corpus --regenerate --method ar-refill`` (trainers/corpus/refill.py): greedy answers with a refilled batch
 give every prompt its own plain greedy output, and a greedy fp32 corpus may change its method on resume."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from hf_specdec.trainers.regenerate_refill import check_plain_greedy, prefill_groups, refill_greedy
-from hf_specdec.trainers.regenerate_store import read_shard
+from hf_specdec.trainers.corpus.refill import check_plain_greedy, prefill_groups, refill_greedy
+from hf_specdec.trainers.corpus.store import read_shard
 
 from hf_specdec.core.ragged_cache import RaggedCache
 from hf_specdec.errors import SpecDecError
@@ -86,7 +86,7 @@ def test_ar_refill_writes_what_ar_writes_and_a_greedy_fp32_run_may_switch(tiny_t
 
 def test_sampling_keeps_its_method_and_batch_size(tiny_target, tmp_path):  # noqa: F811
     regenerate(tmp_path, tiny_target, "--limit", "1", "--splits", "train", "--sample", "--batch-size", "2")
-    from hf_specdec.trainers.regenerate import regenerate as run
+    from hf_specdec.trainers.corpus.regenerate import regenerate as run
 
     from hf_specdec.target import load_target
 
@@ -101,7 +101,7 @@ def test_sampling_keeps_its_method_and_batch_size(tiny_target, tmp_path):  # noq
 def test_the_default_target_refilled_writes_its_plain_greedy_answers(real_target):
     """fp32: five ShareGPT-like prompts of different lengths, three rows at a time, each answer equal to the prompt's
     own plain greedy ``generate`` (docs/corpus.md compares whole shards the same way)."""
-    from hf_specdec.trainers.regenerate import prompt_ids
+    from hf_specdec.trainers.corpus.regenerate import prompt_ids
 
     from hf_specdec.core.generate_io import eos_token_ids
 

@@ -25,8 +25,8 @@ from .conftest import tiny_llama
 def _base_and_adapter(tmp_path, seed: int = 0):
     """A tiny base model folder (the default target's tokenizer) and a SAR-SFT adapter trained one SGD step on it,
     written as ``train space`` writes one; returns both folders and the merged model the adapter must give."""
-    from hf_specdec.trainers.space import apply_lora
-    from hf_specdec.trainers.space_card import write_model_card
+    from hf_specdec.trainers.space.card import write_model_card
+    from hf_specdec.trainers.space.train import apply_lora
     from transformers import AutoTokenizer
 
     from hf_specdec.fingerprint import target_fingerprint
@@ -177,7 +177,7 @@ def test_the_shipped_adapter_is_lossless_and_drafts(real_target):
 def test_the_packaged_adapter_card_names_its_base_and_command(tmp_path):
     """The shipped card is a Hub card for a peft adapter of the default target, records how it was made, and is what
     the card writer makes of its figures (regenerating it changes nothing)."""
-    from hf_specdec.trainers.space_card import write_model_card
+    from hf_specdec.trainers.space.card import write_model_card
     from huggingface_hub import ModelCard
 
     from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
@@ -207,7 +207,7 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     target it is the merged OUTPUT/final, and the card records the base's fingerprint, the command and the data
     (here a token corpus, as `--corpus` of `hf-specdec corpus --regenerate` is read); both decode with the
     `--decode-masks` it was given."""
-    from hf_specdec.trainers.corpus import SHAREGPT_SOURCE, build_corpus
+    from hf_specdec.trainers.data.tokenized import SHAREGPT_SOURCE, build_corpus
 
     from hf_specdec.cli import main
     from hf_specdec.target import load_target
@@ -238,7 +238,7 @@ def test_train_space_writes_an_adapter_that_loads_as_its_merged_model(real_targe
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, rtol=0, atol=1e-4)
     assert info["decode_masks"] == merged.config.space_num_masks == loaded.config.space_num_masks == 2
-    scores = info["mask_top1"]  # the masks' held-out top-1 (trainers/space_eval.py), one figure per mask
+    scores = info["mask_top1"]  # the masks' held-out top-1 (trainers/space/eval.py), one figure per mask
     assert (
         len(scores["masks"]) == 3
         and scores["spans"] > 0

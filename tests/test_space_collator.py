@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_specdec.trainers.space_collator import SpaceDataCollator, mask_starts, sar_sample
+from hf_specdec.trainers.space.collator import SpaceDataCollator, mask_starts, sar_sample
 
 from hf_specdec.errors import SpecDecError
 
@@ -97,7 +97,7 @@ def test_trainer_runs_unchanged_with_the_collator(tmp_path):
 
 def test_mask_token_row_is_trained_through_lora_and_merged(tmp_path):
     """The added [M] row is trainable under LoRA (tied to the head), other rows frozen; merge keeps it."""
-    from hf_specdec.trainers.space import apply_lora
+    from hf_specdec.trainers.space.train import apply_lora
     from transformers import AutoTokenizer
 
     from hf_specdec.space.mask_token import MASK_TOKEN, add_mask_token

@@ -221,7 +221,7 @@ def test_greedy_is_token_identical_on_the_real_target(real_target):
     """The layout on SmolLM2 with a fresh (untrained) mask row: candidates are mostly wrong, output exact."""
     import copy
 
-    from hf_specdec.trainers.space import add_mask_token
+    from hf_specdec.trainers.space.train import add_mask_token
 
     from hf_specdec.tasks import load_task
 
@@ -261,11 +261,11 @@ def test_cost_sized_candidates_stay_exact_and_shrink_with_the_cost():
 
 
 def test_card_tau_feeds_every_mask(monkeypatch):
-    """The card's tau (``trainers/space_card.measure_tau``) is the paper's decoding, every mask every step, as its
+    """The card's tau (``trainers/space/card.measure_tau``) is the paper's decoding, every mask every step, as its
     detail line says: not gated by this machine's cost curve, which can switch the masks off and report tau 1."""
     from types import SimpleNamespace
 
-    from hf_specdec.trainers.space_card import measure_tau
+    from hf_specdec.trainers.space.card import measure_tau
 
     import hf_specdec.tasks
 

@@ -1,12 +1,12 @@
-"""``trainers/space_eval.mask_top1``: the SAR masks' held-out top-1 (each mask scored against the right answer
+"""``trainers/space/eval.mask_top1``: the SAR masks' held-out top-1 (each mask scored against the right answer
 token; one forward per row computes each span's SAR view)."""
 
 import json
 
 import pytest
 import torch
-from hf_specdec.trainers.space_collator import mask_starts, sar_sample
-from hf_specdec.trainers.space_eval import main, mask_top1, span_inputs
+from hf_specdec.trainers.space.collator import mask_starts, sar_sample
+from hf_specdec.trainers.space.eval import main, mask_top1, span_inputs
 
 from hf_specdec.errors import SpecDecError
 
@@ -75,7 +75,7 @@ def test_one_forward_per_row_equals_each_sar_view_fed_alone():
 
 
 def test_add_to_card_writes_the_figures_into_a_saved_adapters_card(tmp_path):
-    """``python -m hf_specdec.trainers.space_eval --add-to-card``: the figures it prints land in the folder's card
+    """``python -m hf_specdec.trainers.space.eval --add-to-card``: the figures it prints land in the folder's card
     (JSON and README), with the held-out text and the command; a folder without a SPACE card is refused before any
     model loads."""
     base, adapter, _ = _base_and_adapter(tmp_path)

@@ -49,7 +49,7 @@ def test_long_edit_is_long_stdlib_code_no_other_task_holds():
     """long-edit: >= 20 rows of 1000-2500-token code cut verbatim from the running Python's standard library,
     each id naming the version and module, the four edit instructions in turn, no text shared with another
     task (the corpus's 13-word bench filter)."""
-    from hf_specdec.trainers.bench_overlap import BenchFilter
+    from hf_specdec.trainers.corpus.bench_overlap import BenchFilter
 
     from hf_specdec.tasks import _LEXEMES
 
@@ -73,9 +73,10 @@ def test_long_edit_is_long_stdlib_code_no_other_task_holds():
 
 
 def test_limit_and_plain_prompt_without_template():
-    """Without a chat template the prompt is the ``role: text`` rendering drafters are trained on (trainers/data.py),
-    up to where the answer starts (a bare text ending in a closed code block made a base model stop at once)."""
-    from trainers.data import _render
+    """Without a chat template the prompt is the ``role: text`` rendering drafters are trained on
+    (trainers/data/chat.py), up to where the answer starts (a bare text ending in a closed code block made a base
+    model stop at once)."""
+    from trainers.data.chat import _render
 
     ds = load_task("mt-bench", None, limit=3)
     assert len(ds) == 3 and ds[0]["prompt"] == f"user: {ds[0]['source']}\nassistant: "

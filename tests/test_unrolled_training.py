@@ -1,17 +1,17 @@
-"""Train as you draft (``trainers/unrolled.py``): the unrolled loss at 1 step is today's teacher-forced loss exactly;
-at 2 steps it differs and trains the drafter; after L steps every round holds the drafter's own greedy drafts; GLIDE's
-pass over fed-back inputs sees what it sees at inference; the options round-trip through the CLI; bad values are
-clear errors."""
+"""Train as you draft (``trainers/drafters/unrolled.py``): the unrolled loss at 1 step is today's teacher-forced loss
+exactly; at 2 steps it differs and trains the drafter; after L steps every round holds the drafter's own greedy
+drafts; GLIDE's pass over fed-back inputs sees what it sees at inference; the options round-trip through the CLI; bad
+values are clear errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from hf_specdec.modeling.masks import drafted_positions
-from hf_specdec.trainers.data import stack_collator
-from hf_specdec.trainers.drafter_trainer import DrafterTrainer
-from hf_specdec.trainers.losses import kl_loss
-from hf_specdec.trainers.unrolled import feed_back, step_weights, unrolled_steps
+from hf_specdec.trainers.data.chat import stack_collator
+from hf_specdec.trainers.drafters.losses import kl_loss
+from hf_specdec.trainers.drafters.trainer import DrafterTrainer
+from hf_specdec.trainers.drafters.unrolled import feed_back, step_weights, unrolled_steps
 from transformers import TrainingArguments
 
 from hf_specdec.errors import SpecDecError
@@ -181,7 +181,7 @@ def test_glide_fed_back_half_sees_verified_tokens_before_its_round(target, tmp_p
 
 def test_unrolled_training_from_a_feature_store(target, tmp_path):
     """A store batch (soft prompt and top-k teacher from the store) unrolls like a live batch with the same teacher."""
-    from hf_specdec.trainers.features import FeatureStore, build_features
+    from hf_specdec.trainers.drafters.features import FeatureStore, build_features
 
     from tests.test_features import BLOCK, write_corpus
 
@@ -232,7 +232,7 @@ def test_edd_without_soft_prompt_has_no_rounds_to_unroll(target, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["edd", "glide"])
 def test_options_round_trip_through_the_cli(recipe, tmp_path, capsys):
-    from hf_specdec.trainers.run_options import unrolled_options
+    from hf_specdec.trainers.drafters.options import unrolled_options
 
     from hf_specdec.cli import build_parser, main
 
@@ -257,7 +257,7 @@ def test_init_from_continues_a_saved_drafter(target, tmp_path):
     """``--init-from DIR`` (the warm start of the equal-compute runs in docs/edd-pct.md): the saved drafter's weights
     and reduced draft vocabulary, under this run's recipe; a drafter of another shape is a clear error."""
     from hf_specdec.modeling import GlideConfig, GlideForCausalLM
-    from hf_specdec.trainers.drafter_run import warm_start
+    from hf_specdec.trainers.drafters.run import warm_start
 
     saved = _drafter("edd", target)
     saved.set_draft_vocab(torch.arange(3, 40))

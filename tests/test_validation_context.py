@@ -17,8 +17,8 @@ from .test_glide_training import _eval_trainer, _tiny_drafter
 
 
 def _write_corpus(root, conversations: list[list[int]], supervised_from: int = 2) -> None:
-    """A corpus folder by hand (``trainers/corpus.py``'s format): each conversation's tokens from ``supervised_from``
-    on are supervised."""
+    """A corpus folder by hand (``trainers/data/tokenized.py``'s format): each conversation's tokens from
+    ``supervised_from`` on are supervised."""
     from safetensors.numpy import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def _args(corpus, **kw) -> argparse.Namespace:
 
 
 def test_validation_rows_start_at_each_conversation_and_stop_at_eval_length(tmp_path):
-    from hf_specdec.trainers.training_rows import eval_batch_size, training_blocks
+    from hf_specdec.trainers.data.rows import eval_batch_size, training_blocks
 
     convs = [list(range(10, 16)), list(range(20, 34)), list(range(40, 49))]  # 6, 14 and 9 tokens
     _write_corpus(tmp_path / "c", convs)
@@ -93,7 +93,7 @@ def test_rows_of_several_lengths_validate_as_each_row_alone(tmp_path, kind):
 def test_training_rows_can_be_whole_conversations(tmp_path):
     """``--train-context conversation``: training rows start at conversation starts, stop at ``--train-length``,
     carry their lengths for grouping, and a batch holds as many tokens as ``--batch-size`` packed blocks at most."""
-    from hf_specdec.trainers.training_rows import rows_per_batch, train_tokens, training_blocks
+    from hf_specdec.trainers.data.rows import rows_per_batch, train_tokens, training_blocks
 
     convs = [list(range(10, 16)), list(range(20, 34)), list(range(40, 49))]
     _write_corpus(tmp_path / "c", convs)
@@ -115,7 +115,7 @@ def test_training_rows_can_be_whole_conversations(tmp_path):
 def test_skip_train_rows_continues_on_unseen_rows(tmp_path):
     """``--skip-train-rows N``: the run's rows are the split's rows after the first N (continued training on text
     a warm-start drafter has not seen), packed or whole; the card's data line says so; bad values fail early."""
-    from hf_specdec.trainers.training_rows import describe_rows, skipped_rows, training_blocks
+    from hf_specdec.trainers.data.rows import describe_rows, skipped_rows, training_blocks
 
     convs = [list(range(10, 18)), list(range(20, 28)), list(range(30, 38)), list(range(40, 48))]
     _write_corpus(tmp_path / "c", convs, supervised_from=0)
@@ -134,7 +134,7 @@ def test_skip_train_rows_continues_on_unseen_rows(tmp_path):
 
 def test_warm_start_card_counts_the_tokens_before(tmp_path):
     """A continued run's card adds the tokens its ``--init-from`` drafter's card records (or their total)."""
-    from hf_specdec.trainers.drafter_run import warm_start_tokens
+    from hf_specdec.trainers.drafters.run import warm_start_tokens
 
     (tmp_path / "model_card.json").write_text(json.dumps({"train_tokens": 1000}))
     assert warm_start_tokens(argparse.Namespace(init_from=str(tmp_path)), 24) == {"train_tokens_total": 1024}
@@ -145,7 +145,7 @@ def test_warm_start_card_counts_the_tokens_before(tmp_path):
 
 def test_card_architecture_says_how_the_drafter_started():
     """The architecture line names a warm start and the draft vocabulary it kept, not ``--init`` and no vocabulary."""
-    from hf_specdec.trainers.drafter_card import draft_vocab_words, init_words
+    from hf_specdec.trainers.drafters.card import draft_vocab_words, init_words
 
     config = argparse.Namespace(draft_vocab_size=8192)
     assert init_words(argparse.Namespace(init="target", init_from=None)) == "init target"
@@ -156,7 +156,7 @@ def test_card_architecture_says_how_the_drafter_started():
 
 
 def test_conversation_training_rows_are_checked_early(tmp_path):
-    from hf_specdec.trainers.training_rows import whole_conversations
+    from hf_specdec.trainers.data.rows import whole_conversations
 
     with pytest.raises(SpecDecError, match="--train-length must be at least 2"):
         whole_conversations(_args(tmp_path, train_context="conversation", train_length=1), "train")
@@ -190,7 +190,7 @@ def test_eval_only_is_checked_before_the_target_loads(recipe, tmp_path, capsys):
 def test_padding_adds_nothing_to_the_training_loss(tmp_path, kind):
     """A training batch of rows of several lengths: its summed loss (what ``Trainer.train`` divides by the batch's
     supervised tokens) is the sum of each row's alone, and its gradient too (EDD's block length L drawn the same)."""
-    from hf_specdec.trainers.data import stack_collator
+    from hf_specdec.trainers.data.chat import stack_collator
 
     target, drafter = _tiny_drafter(kind)
     torch.manual_seed(1)
@@ -216,7 +216,7 @@ def test_padding_adds_nothing_to_the_training_loss(tmp_path, kind):
 def test_eval_corpus_validates_on_other_text_than_the_training_corpus(tmp_path):
     """``--eval-corpus``: training rows from ``--corpus``, validation rows from another corpus (the ablation's
     held-out regenerated text for runs trained on ShareGPT), and the card says which."""
-    from hf_specdec.trainers.training_rows import training_blocks, validation_rows
+    from hf_specdec.trainers.data.rows import training_blocks, validation_rows
 
     _write_corpus(tmp_path / "train", [list(range(10, 30))])
     _write_corpus(tmp_path / "held", [list(range(50, 56)), list(range(60, 66))])
@@ -239,8 +239,8 @@ def test_conversation_training_batches_group_rows_by_length(tmp_path):
     ``--batch-size`` blocks' tokens, batched by length; a packed run keeps ``--batch-size`` blocks, sampled at random."""
     import argparse
 
-    from hf_specdec.trainers.drafter_run import training_arguments
-    from hf_specdec.trainers.glide import add_arguments
+    from hf_specdec.trainers.drafters.glide import add_arguments
+    from hf_specdec.trainers.drafters.run import training_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -260,7 +260,7 @@ def test_the_final_validation_is_not_run_twice():
     stopped before its last evaluation (time limit, ``--stop-at-step``) evaluates anew."""
     from types import SimpleNamespace
 
-    from hf_specdec.trainers.drafter_run import final_validation
+    from hf_specdec.trainers.drafters.run import final_validation
 
     calls = []
     logged = {"eval_loss": 1.5, "eval_top1_match": 0.25, "epoch": 1.0, "step": 8}
@@ -279,7 +279,7 @@ def test_mix_corpus_interleaves_equal_shares_after_the_skip(tmp_path):
     """``--mix-corpus``: rows alternate between ``--corpus`` and each mixed corpus (its first ``--mix-skip-rows``
     skipped), each giving half the run's rows; a shorter part starts over; the card's data line names the mix; bad
     uses fail early."""
-    from hf_specdec.trainers.training_rows import describe_rows, mixed_corpora, training_blocks
+    from hf_specdec.trainers.data.rows import describe_rows, mixed_corpora, training_blocks
 
     own = [list(range(10, 18)), list(range(20, 28)), list(range(30, 38))]
     other = [list(range(50, 58)), list(range(60, 68)), list(range(70, 78)), list(range(80, 88))]

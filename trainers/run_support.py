@@ -23,7 +23,7 @@ class TimeLimitCallback(TrainerCallback):
 
     @classmethod
     def from_args(cls, args) -> TimeLimitCallback:
-        """From the trainers' ``--max-minutes`` and ``--stop-at-step`` (``trainers/run_options.py``)."""
+        """From the trainers' ``--max-minutes`` and ``--stop-at-step`` (``trainers/drafters/options.py``)."""
         return cls(args.max_minutes * 60 if args.max_minutes else None, getattr(args, "stop_at_step", None))
 
     def on_train_begin(self, args, state, control, **kwargs):

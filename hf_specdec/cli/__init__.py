@@ -22,10 +22,10 @@ COMMANDS = [
     "hf_specdec.pld_plus.induction_heads",
     "hf_specdec.pld_plus.tune",
     "hf_specdec.edd.tree_replay",
-    "hf_specdec.trainers.calibration",
-    "hf_specdec.trainers.corpus_command",
-    "hf_specdec.trainers.features",
-    "hf_specdec.trainers.draft_vocab",
+    "hf_specdec.trainers.drafters.calibration",
+    "hf_specdec.trainers.corpus.command",
+    "hf_specdec.trainers.drafters.features",
+    "hf_specdec.trainers.drafters.draft_vocab",
 ]
 # command -> the extra it needs, checked before it runs: a missing package is one error naming the pip line at once,
 # not an ImportError after the model has loaded (or hours into training). Building the parser needs none of them.

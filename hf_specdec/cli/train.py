@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib
 
 RECIPES: dict[str, str] = {
-    "space": "hf_specdec.trainers.space",
-    "glide": "hf_specdec.trainers.glide",
-    "edd": "hf_specdec.trainers.edd",
+    "space": "hf_specdec.trainers.space.train",
+    "glide": "hf_specdec.trainers.drafters.glide",
+    "edd": "hf_specdec.trainers.drafters.edd",
 }
 
 

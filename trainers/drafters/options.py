@@ -1,6 +1,6 @@
 """Command-line options shared by the drafter trainers (``hf-specdec train glide`` and ``train edd``).
 
-Kept apart from ``drafter_trainer.py`` so that building the CLI parser does not import ``transformers.Trainer``.
+Kept apart from ``trainer.py`` so that building the CLI parser does not import ``transformers.Trainer``.
 Each trainer adds ``add_job_arguments`` first, its own options, then ``add_run_arguments``.
 """
 
@@ -180,7 +180,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_unrolled_arguments(p: argparse.ArgumentParser) -> None:
-    """Train as you draft (``trainers/unrolled.py``), GLIDE and EDD alike."""
+    """Train as you draft (``trainers/drafters/unrolled.py``), GLIDE and EDD alike."""
     from .unrolled import DEFAULT_DECAY
 
     p.add_argument(

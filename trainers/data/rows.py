@@ -6,7 +6,7 @@ Two kinds of row, for training (``--train-context``) and validation (``--eval-co
   every row has the same length, but a block starts wherever the stream falls, often mid-conversation, so the target
   state the drafter reads (and the target's own next token) comes from a cut context;
 - **conversation**: one row per conversation from its first token, ``--train-length`` / ``--eval-length`` tokens at
-  most: the context the drafter has when it decodes. Rows keep their own lengths; ``data.stack_collator`` pads a
+  most: the context the drafter has when it decodes. Rows keep their own lengths; ``chat.stack_collator`` pads a
   batch on the right, and training batches are grouped by length (``train_sampling_strategy="group_by_length"``) so
   little of a batch is padding.
 
@@ -112,17 +112,17 @@ def row_source(args, tokenizer, part: str, corpus: str | None = None) -> Callabl
     if whole_conversations(args, part):
         length = getattr(args, f"{part}_length")
         if corpus:
-            from .corpus import conversations_from_corpus
+            from .tokenized import conversations_from_corpus
 
             return lambda split, limit: conversations_from_corpus(corpus, split, length, limit, tokenizer)
-        from .data import conversation_rows
+        from .chat import conversation_rows
 
         return lambda split, limit: conversation_rows(tokenizer, split, length, limit)
     if corpus:
-        from .corpus import packed_from_corpus
+        from .tokenized import packed_from_corpus
 
         return lambda split, limit: packed_from_corpus(corpus, split, args.block_size, limit, tokenizer)
-    from .data import packed_dataset
+    from .chat import packed_dataset
 
     return lambda split, limit: packed_dataset(tokenizer, split, args.block_size, limit=limit)
 
@@ -149,7 +149,7 @@ def describe_rows(args, part: str) -> str:
         rows = f"packed blocks of {args.block_size} tokens{skip}"
     mixes = mixed_corpora(args) if part == "train" else []
     if mixes:
-        from .corpus import corpus_source
+        from .tokenized import corpus_source
 
         mix_skip = mix_skipped_rows(args)
         after = f" after its first {mix_skip} rows" if mix_skip else ""
@@ -164,7 +164,7 @@ def validation_rows(args) -> str:
         rows = f"held-out conversations, first {args.eval_length} tokens each"
     else:
         rows = f"held-out packed blocks of {args.block_size} tokens"
-    from .corpus import corpus_source, is_regenerated
+    from .tokenized import corpus_source, is_regenerated
 
     eval_corpus = getattr(args, "eval_corpus", None)
     if not eval_corpus:
@@ -177,7 +177,7 @@ def validation_rows(args) -> str:
 def validation_source(args) -> str:
     """Where the validation text comes from (the card's and ``eval_results.json``'s dataset): the source of
     ``--eval-corpus`` (or ``--corpus``), else ShareGPT."""
-    from .corpus import corpus_source
+    from .tokenized import corpus_source
 
     corpus = part_corpus(args, "eval")
     return corpus_source(corpus) if corpus else "ShareGPT"

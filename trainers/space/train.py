@@ -35,10 +35,10 @@ from hf_specdec.options import add_model_arguments
 from hf_specdec.space.mask_token import add_mask_token
 from hf_specdec.target import DEFAULT_TARGET_HUB_ID, DEFAULT_TARGET_NAME
 
-from .run_options import add_precision_argument, add_resume_argument
-from .space_card import measure_tau, write_model_card
-from .space_collator import SpaceDataCollator
-from .space_eval import mask_top1
+from ..drafters.options import add_precision_argument, add_resume_argument
+from .card import measure_tau, write_model_card
+from .collator import SpaceDataCollator
+from .eval import mask_top1
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def training_arguments(args: argparse.Namespace, lr: float):
     """``TrainingArguments`` of a SAR-SFT run (App. A.1, Table 4: cosine schedule, AdamW 0.9 / 0.999)."""
     from transformers import TrainingArguments
 
-    from .run_support import shared_training_arguments
+    from ..run_support import shared_training_arguments
 
     shared = shared_training_arguments(args)
     if args.dtype == "bf16":  # bf16 weights: the step is bf16 whatever --precision says
@@ -162,9 +162,9 @@ def training_arguments(args: argparse.Namespace, lr: float):
 
 def run(args: argparse.Namespace) -> None:
     from datasets import Dataset
-    from hf_specdec.trainers.corpus import first_turns, first_turns_source
+    from hf_specdec.trainers.data.rows import part_corpus
+    from hf_specdec.trainers.data.tokenized import first_turns, first_turns_source
     from hf_specdec.trainers.run_support import TimeLimitCallback, resume_point, timed_train
-    from hf_specdec.trainers.training_rows import part_corpus
     from transformers import Trainer
 
     from hf_specdec.target import load_target

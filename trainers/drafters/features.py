@@ -6,9 +6,9 @@ keeps what the drafter reads from it, as ``drafter.features_from_target`` define
 ``encoder_layer``, its soft prompt; GLIDE: the cached keys / values of the layers it reads; the vanilla drafter:
 nothing), plus the teacher: the target's top-k next tokens and their log-probabilities per position (a full
 49k-row distribution per token would not fit; the KL is then taken against the renormalised top-k,
-``trainers/losses.py``'s ``top_k_kl_loss``, and a live run can use the same teacher with ``--teacher-top-k``).
-The target runs on ``--device`` (default: the CPU it is loaded on; ``--device cuda`` to use a GPU), and
-``build_features`` runs wherever the target it is given already is.
+``trainers/drafters/losses.py``'s ``top_k_kl_loss``, and a live run can use the same teacher with
+``--teacher-top-k``). The target runs on ``--device`` (default: the CPU it is loaded on; ``--device cuda`` to use a
+GPU), and ``build_features`` runs wherever the target it is given already is.
 
 Shards of ``SHARD_BLOCKS`` blocks are written as safetensors (``shard-00000.safetensors``: ``input_ids``,
 ``labels``, ``feature.NAME``, ``teacher_ids``, ``teacher_logp``), each to a temporary name first, so an
@@ -78,7 +78,7 @@ def build_features(
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    from .corpus import load_corpus
+    from ..data.tokenized import load_corpus
 
     if dtype not in STORE_DTYPES:
         raise SpecDecError(f"--dtype {dtype!r}: use one of {', '.join(STORE_DTYPES)}")

@@ -1,8 +1,8 @@
 """``hf-specdec corpus``: the command line of both corpora (docs/corpus.md).
 
-Without ``--regenerate`` it tokenizes ShareGPT once into ``--out`` (``corpus.py``'s ``build_corpus``); with it, the
-target answers ShareGPT's prompts itself (``regenerate.py``), ``--finalize`` assembles the shards written so far
-(``regenerate_dataset.py``) and ``--measure`` times methods and batch sizes (``regenerate_measure.py``).
+Without ``--regenerate`` it tokenizes ShareGPT once into ``--out`` (``data/tokenized.py``'s ``build_corpus``); with
+it, the target answers ShareGPT's prompts itself (``regenerate.py``), ``--finalize`` assembles the shards written so
+far (``dataset.py``) and ``--measure`` times methods and batch sizes (``measure.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from hf_specdec.errors import SpecDecError
 from hf_specdec.options import add_model_arguments
 
-from .corpus import build_corpus
+from ..data.tokenized import build_corpus
 from .regenerate import DEFAULT_BATCH_SIZE, DEFAULT_METHOD, METHODS, regenerate
 
 
@@ -107,8 +107,8 @@ def run_regenerate(args) -> int:
     from hf_specdec.machine import resolve_auto_dtype
     from hf_specdec.target import load_target
 
-    from .regenerate_dataset import finalize
-    from .regenerate_measure import measure, measure_shards
+    from .dataset import finalize
+    from .measure import measure, measure_shards
 
     if args.measure_shards and not args.measure:
         raise SpecDecError("--measure-shards times the configurations of --measure METHOD:B,...; pass both")

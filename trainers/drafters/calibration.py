@@ -133,7 +133,7 @@ def record_calibration(folder: Path, result: dict) -> None:
             text = head.rstrip("\n") + ("" if after < 0 else "\n" + rest[after:])
         section = (
             f"{CARD_SECTION}\n\n{describe(result)}: PCT's confidences are softmax(logits / T) "
-            "(`hf-specdec calibrate`, trainers/calibration.py).\n"
+            "(`hf-specdec calibrate`, trainers/drafters/calibration.py).\n"
         )
         readme.write_text(text.rstrip("\n") + "\n\n" + section)
 
@@ -158,7 +158,7 @@ def validation_trainer(drafter, target, valid):
     output folder that is removed afterwards."""
     from transformers import TrainingArguments
 
-    from .drafter_trainer import DrafterTrainer
+    from .trainer import DrafterTrainer
 
     with tempfile.TemporaryDirectory() as scratch:
         targs = TrainingArguments(
@@ -174,7 +174,7 @@ def validation_trainer(drafter, target, valid):
 
 def run(args: argparse.Namespace) -> int:
     from hf_specdec.modeling import EddConfig, EddForCausalLM
-    from hf_specdec.trainers.data import packed_dataset
+    from hf_specdec.trainers.data.chat import packed_dataset
 
     from hf_specdec.target import load_target
 

@@ -14,7 +14,7 @@ against ``labels[j + 1]``) this gives exactly the k + 1 SAR terms of eq. 3:
 
 So the kept length is ``m + k + 1`` (the token at ``m + k`` is only there to carry the last label; its own
 logit is never scored). Prompt and chat-template tokens are never masked and never scored: they carry label
--100 from ``hf_specdec.trainers.data.sft_dataset`` and ``m`` is drawn among supervised positions only.
+-100 from ``hf_specdec.trainers.data.chat.sft_dataset`` and ``m`` is drawn among supervised positions only.
 ``p_ar = 1`` is plain SFT (the paper's baseline, §4.2.2).
 """
 
@@ -61,7 +61,7 @@ class SpaceDataCollator:
     """Batches SFT samples (``input_ids``, ``labels``) for SAR-SFT; plugs into ``transformers.Trainer``.
 
     Args:
-        mask_token_id: id of the added ``[M]`` token (see ``hf_specdec.trainers.space.add_mask_token``).
+        mask_token_id: id of the added ``[M]`` token (see ``hf_specdec.trainers.space.train.add_mask_token``).
         pad_token_id: id used to right-pad ``input_ids`` (padded labels are -100, attention mask 0).
         k: number of mask tokens (paper default 5).
         p_ar: probability of leaving a sample unchanged (paper default 0.5; 1.0 = plain SFT).

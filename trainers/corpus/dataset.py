@@ -1,15 +1,15 @@
 """The regenerated corpus assembled from its shards (at the end of ``hf-specdec corpus --regenerate``, or by
 ``--finalize`` at any time, also while a run is going on).
 
-The shards written so far (``regenerate_store.py``) become:
+The shards written so far (``store.py``) become:
 
 - ``OUT/dataset``: a ``datasets.DatasetDict`` (``datasets.load_from_disk``), one row per conversation: ``messages``
   (``[{"role", "content"}]``), ``source`` (``sharegpt-v3/{split}``), ``conversation_id`` (ShareGPT's id),
   ``answer_tokens`` and ``answer_finished`` (per answer: new tokens, and whether it ended on EOS rather than at
   ``max_new_tokens``); the settings are in each split's ``info.description`` (JSON) and in ``regenerate.json``;
-- ``OUT/corpus.json`` and ``OUT/{split}.safetensors``: the same conversations pre-tokenized by ``corpus.py``'s
-  ``build_corpus``, so ``hf-specdec train ... --corpus OUT`` and ``hf-specdec features --corpus OUT`` read it as
-  they read ``hf-specdec corpus --out DIR``'s ShareGPT.
+- ``OUT/corpus.json`` and ``OUT/{split}.safetensors``: the same conversations pre-tokenized by
+  ``data/tokenized.py``'s ``build_corpus``, so ``hf-specdec train ... --corpus OUT`` and ``hf-specdec features
+  --corpus OUT`` read it as they read ``hf-specdec corpus --out DIR``'s ShareGPT.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hf_specdec.errors import SpecDecError
 
-from .regenerate_store import SOURCE, read_shard, shard_files, write_meta
+from .store import SOURCE, read_shard, shard_files, write_meta
 
 
 def finalize(out: str | Path, tokenizer=None) -> dict:
@@ -29,7 +29,7 @@ def finalize(out: str | Path, tokenizer=None) -> dict:
 
     from datasets import Dataset, DatasetDict, DatasetInfo
 
-    from .corpus import REGENERATED_SOURCE, build_corpus, tokenizer_fingerprint
+    from ..data.tokenized import REGENERATED_SOURCE, build_corpus, tokenizer_fingerprint
 
     out = Path(out)
     path = out / "regenerate.json"

@@ -1,7 +1,7 @@
 """Train a GLIDE drafter (or, with --no-cross-attention, the vanilla drafter) for a target (glide-cape.txt §4.1).
 
 Data: ShareGPT conversations in the target's chat template, packed into blocks, assistant tokens supervised
-(``trainers/data.py``), with a validation split. The frozen target runs under no_grad on every batch to produce
+(``trainers/data/chat.py``), with a validation split. The frozen target runs under no_grad on every batch to produce
 its KV cache; the drafter reads it through the block-wise cross-attention mask (L = 5). Resumable
 (from the last checkpoint, by default), progress bar, loss curve and model card written to ``--output-dir``.
 """
@@ -12,8 +12,8 @@ import argparse
 from pathlib import Path
 
 import torch
-from hf_specdec.trainers.drafter_card import draft_vocab_words, drafter_card_data, init_words, usage_snippet
-from hf_specdec.trainers.run_options import (
+from hf_specdec.trainers.drafters.card import draft_vocab_words, drafter_card_data, init_words, usage_snippet
+from hf_specdec.trainers.drafters.options import (
     add_job_arguments,
     add_run_arguments,
     add_unrolled_arguments,
@@ -126,7 +126,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "top1_other_context = the same with the target's KV cache of another validation sequence (the gap is what "
         "the glimpse is worth)."
     )
-    from hf_specdec.trainers.drafter_run import drafter_card_rows
+    from hf_specdec.trainers.drafters.run import drafter_card_rows
     from hf_specdec.trainers.run_support import write_card
 
     data = drafter_card_data(info, "glide", intro[0].removeprefix("# "))
@@ -166,7 +166,7 @@ def _architecture(args, drafter, coverage) -> str:
 
 
 def run(args) -> int:
-    from hf_specdec.trainers.drafter_run import DrafterRecipe, run_drafter_training
+    from hf_specdec.trainers.drafters.run import DrafterRecipe, run_drafter_training
 
     recipe = DrafterRecipe(
         name="GLIDE" if not args.no_cross_attention else "the vanilla drafter",

@@ -1,5 +1,5 @@
 """A SAR-SFT run's model card (``README.md`` + ``space_training.json``) and the greedy tau it records
-(``hf-specdec train space``, :mod:`hf_specdec.trainers.space`)."""
+(``hf-specdec train space``, :mod:`hf_specdec.trainers.space.train`)."""
 
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
 
 
 def _mask_line(scores: dict) -> str:
-    """``mask_top1``'s figures as a card cell (``space_eval``: teacher-forced, held-out first turns)."""
+    """``mask_top1``'s figures as a card cell (``eval.py``: teacher-forced, held-out first turns)."""
     masks = " / ".join(f"{x:.3f}" for x in scores["masks"])
-    # figures added later (``space_eval --add-to-card``) name their held-out text; a run's own are of its data
+    # figures added later (``space/eval.py --add-to-card``) name their held-out text; a run's own are of its data
     of = f" of {scores['samples']} first turns, {scores['data']}" if scores.get("data") else ""
     return f"{scores['ar']:.3f} / {masks} ({scores['spans']} mask spans{of})"
 

@@ -1,11 +1,11 @@
 """Train an EDD drafter for a target (edd-pct.txt §3.1, App. B): ``hf-specdec train edd --output-dir DIR``.
 
 Data: ShareGPT conversations in the target's chat template, packed into blocks, assistant tokens supervised
-(``trainers/data.py``), with a validation split. Each step the frozen target encodes the batch under no_grad
+(``trainers/data/chat.py``), with a validation split. Each step the frozen target encodes the batch under no_grad
 (its hidden states of layer ``encoder_layer`` are EDD's soft prompt, its next-token distribution the KL target),
 EDD runs teacher-forced under the dual-block mask with a block length drawn from [5, 10] (``modeling/masks.py``),
-and the loss is ``KL(P_t || P_d)`` (eq. 4; ``trainers/losses.py``). The run is the one shared with GLIDE
-(``trainers/drafter_run.py``, ``DrafterTrainer`` with ``loss="kl"``). Resumable (the last checkpoint, by default),
+and the loss is ``KL(P_t || P_d)`` (eq. 4; ``trainers/drafters/losses.py``). The run is the one shared with GLIDE
+(``trainers/drafters/run.py``, ``DrafterTrainer`` with ``loss="kl"``). Resumable (the last checkpoint, by default),
 progress bar, validation (KL, CE, top-1 agreement with the target), loss curve and model card.
 
 Ablations of Table 3: ``--no-soft-prompt`` (w/o encoding result), ``--loss ce`` (w/o KL divergence),
@@ -18,8 +18,8 @@ import argparse
 from pathlib import Path
 
 import torch
-from hf_specdec.trainers.drafter_card import draft_vocab_words, drafter_card_data, init_words, usage_snippet
-from hf_specdec.trainers.run_options import (
+from hf_specdec.trainers.drafters.card import draft_vocab_words, drafter_card_data, init_words, usage_snippet
+from hf_specdec.trainers.drafters.options import (
     add_job_arguments,
     add_run_arguments,
     add_unrolled_arguments,
@@ -130,7 +130,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
         "top1_other_context = the top-1 match with the soft prompt of another validation sequence (the gap is what "
         "the soft prompt is worth)."
     )
-    from hf_specdec.trainers.drafter_run import drafter_card_rows
+    from hf_specdec.trainers.drafters.run import drafter_card_rows
     from hf_specdec.trainers.run_support import write_card
 
     data = drafter_card_data(info, "edd", intro[0].removeprefix("# "))
@@ -168,15 +168,15 @@ def _architecture(args, drafter, coverage) -> str:
 
 
 def _calibrate(trainer) -> dict:
-    from hf_specdec.trainers.calibration import calibrate_drafter, describe
+    from hf_specdec.trainers.drafters.calibration import calibrate_drafter, describe
 
-    calibration = calibrate_drafter(trainer)  # PCT's confidences (trainers/calibration.py)
+    calibration = calibrate_drafter(trainer)  # PCT's confidences (trainers/drafters/calibration.py)
     print(f"calibration: {describe(calibration)}")
     return {"calibration": describe(calibration)}
 
 
 def run(args) -> int:
-    from hf_specdec.trainers.drafter_run import DrafterRecipe, run_drafter_training
+    from hf_specdec.trainers.drafters.run import DrafterRecipe, run_drafter_training
 
     recipe = DrafterRecipe(
         name="EDD",

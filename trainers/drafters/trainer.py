@@ -2,7 +2,7 @@
 
 Each step runs the frozen target under ``no_grad`` on the batch to produce what the drafter reads (GLIDE: the
 target's KV cache, seen through the block-wise mask of glide-cape.txt §4.1; EDD: hidden states), then trains
-the drafter with cross entropy on the data's next tokens (assistant tokens only, see ``trainers/data.py``),
+the drafter with cross entropy on the data's next tokens (assistant tokens only, see ``trainers/data/chat.py``),
 plus an optional KL(p_target || q_draft) term (``kl_weight``; glide-cape.txt App. B reports distillation as a
 small gain). Only the drafter's parameters are trained; the target is not part of the model, so checkpoints
 hold the drafter alone and a run continues from the last one (``run_support.resume_point``).
@@ -16,7 +16,8 @@ A drafter used with this trainer provides:
 - ``hidden_states(input_ids, **context) -> (B, T, D)``, ``draft_logits(hidden) -> (..., V_draft)``,
   ``to_draft_ids(token_ids)`` and ``draft_vocab_ids`` (None for the full vocabulary);
 - optionally ``round_length() -> int``: draft positions per drafting round in validation (see below);
-- for ``ttt_steps`` > 1 (train as you draft): ``drafted_positions`` and ``unrolled_inputs`` (``trainers/unrolled.py``).
+- for ``ttt_steps`` > 1 (train as you draft): ``drafted_positions`` and ``unrolled_inputs``
+  (``trainers/drafters/unrolled.py``).
 
 Evaluation reports ``eval_loss`` (draft cross entropy), ``eval_kl`` and ``eval_top1_match``: how often the
 drafter's argmax equals the target's argmax on the validation tokens, the greedy acceptance rate alpha the
@@ -40,9 +41,9 @@ from transformers import Trainer
 
 from hf_specdec.errors import SpecDecError
 
-from .data import stack_collator
+from ..data.chat import stack_collator
+from ..run_support import step_autocast
 from .losses import expected_acceptance, kl_loss, teacher_top_k, top_k_kl_loss
-from .run_support import step_autocast
 from .unrolled import DEFAULT_DECAY, step_weights, unrolled_loss, unrolled_steps
 
 IGNORE_INDEX = -100
@@ -50,7 +51,8 @@ IGNORE_INDEX = -100
 
 class DrafterTrainer(Trainer):
     """``loss``: ``"ce"`` (cross entropy on the data's tokens, plus ``kl_weight`` x KL) or ``"kl"`` (KL(P_t || P_d)
-    alone, edd-pct.txt eq. 4; ``trainers/losses.py``); ``ttt_steps`` / ``ttt_decay``: ``trainers/unrolled.py``."""
+    alone, edd-pct.txt eq. 4; ``trainers/drafters/losses.py``); ``ttt_steps`` / ``ttt_decay``:
+    ``trainers/drafters/unrolled.py``."""
 
     def __init__(
         self,
@@ -89,8 +91,8 @@ class DrafterTrainer(Trainer):
         comes from the target's pass over these instead of ``input_ids``; the target's logits stay ``input_ids``'.
         ``with_alpha`` (validation, with ``need_target_logits``): also ``beta`` per position (``eval_alpha``).
         ``stored``: a feature-store batch's ``features`` (what the drafter reads) and ``teacher`` (top-k ids and
-        log-probs per position, ``trainers/features.py``): no target forward at all. ``top_k_teacher`` (training
-        steps with ``teacher_top_k``): the live teacher truncated as a store's is."""
+        log-probs per position, ``trainers/drafters/features.py``): no target forward at all. ``top_k_teacher``
+        (training steps with ``teacher_top_k``): the live teacher truncated as a store's is."""
         drafter = self.accelerator.unwrap_model(model) if hasattr(self, "accelerator") else model
         fwd = drafter.target_forward_kwargs()
         context, target_hidden = {}, None
@@ -110,7 +112,7 @@ class DrafterTrainer(Trainer):
         logits = drafter.draft_logits(hidden[:, :-1][select]).float()
         gold = drafter.to_draft_ids(labels[:, 1:][select])
         result = {"logits": logits, "gold": gold, "n": int(select.sum()), "select": select}
-        result.update(context=context, hidden=hidden)  # what an unrolled step reuses (trainers/unrolled.py)
+        result.update(context=context, hidden=hidden)  # what an unrolled step reuses (unrolled.py)
         if stored is not None and "teacher" in stored:
             ids, logp = (t[:, : select.shape[1]][select] for t in stored["teacher"])
             result["teacher"] = (drafter.to_draft_ids(ids.long()), logp.float())
@@ -169,7 +171,7 @@ class DrafterTrainer(Trainer):
         count of supervised positions over all accumulation steps and processes, the batch's summed loss over that
         count, times the process count (DDP averages gradients): the same gradient for any split of a global batch
         over accumulation steps and processes. With ``ttt_steps`` > 1, the weighted sum of that loss over the unrolled
-        steps (``trainers/unrolled.py``); with 1, the teacher-forced loss itself."""
+        steps (``trainers/drafters/unrolled.py``); with 1, the teacher-forced loss itself."""
         stored = stored_batch(inputs)
         input_ids = inputs["input_ids"]
         with step_autocast(self.args, input_ids.device):
@@ -285,7 +287,8 @@ class DrafterTrainer(Trainer):
 
     def validation_logits(self, eval_dataset=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced draft logits ``(N, V_draft)`` on the validation tokens (under the training mask) and
-        the target's greedy tokens ``(N,)`` there (``trainers/calibration.py`` fits the confidences on them)."""
+        the target's greedy tokens ``(N,)`` there (``trainers/drafters/calibration.py`` fits the confidences on
+        them)."""
         logits, argmax = [], []
         for _, _, r in self._validation_passes(eval_dataset):
             logits.append(r["logits"].cpu())

@@ -17,7 +17,7 @@ from hf_specdec.errors import SpecDecError
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
 from .regenerate import answer_batch, answer_prompts, generate_kwargs, prompt_ids, regenerate_conversations
-from .regenerate_store import read_shard, shard_files
+from .store import read_shard, shard_files
 
 
 def measure(

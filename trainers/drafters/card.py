@@ -23,7 +23,7 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.targets import DEFAULT, TARGETS, named_target
 from hf_specdec.tasks import SHAREGPT_HUB_ID
 
-from .corpus import is_regenerated
+from ..data.tokenized import is_regenerated
 
 HUB_IDS = {target.name: target.hub_id for target in TARGETS}
 METHOD_TAGS = {"glide": ["glide", "cape"], "edd": ["edd", "pct"]}

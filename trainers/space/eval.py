@@ -3,12 +3,12 @@
 The validation loss of ``train space`` mixes eq. 3's AR terms with its ``k`` mask terms, and the AR terms are
 almost all of them (a SAR sample scores its whole answer prefix and ``k`` masks), so it says little about the
 masks. This scores the masks alone, teacher-forced on held-out first turns: at mask starts ``m`` every ``stride``
-answer tokens, the SAR view of eq. 2 (``space_collator.sar_sample``) is fed and the argmax at the last real token
+answer tokens, the SAR view of eq. 2 (``collator.sar_sample``) is fed and the argmax at the last real token
 (position ``m - 1``: the next token, as AR) and at mask ``i`` (position ``m + i - 1``: the token ``i + 1`` places on)
 are compared with the answer. Mask 1's top-1 is what the first draft of a decoding step needs (on the model's own
 greedy text: the regenerated corpus's, where the model is the target it was tuned from).
 
-``python -m hf_specdec.trainers.space_eval --model DIR [--corpus DIR] [--add-to-card]`` scores a saved model (a
+``python -m hf_specdec.trainers.space.eval --model DIR [--corpus DIR] [--add-to-card]`` scores a saved model (a
 ``train space`` ``final`` folder, or a LoRA ``adapter`` folder merged onto its base); ``--add-to-card`` writes the
 figures into the folder's card (``space_training.json`` and ``README.md``), as the drafters' ``--eval-only
 --add-to-card`` does.
@@ -26,7 +26,7 @@ import torch
 
 from hf_specdec.errors import SpecDecError
 
-from .space_collator import IGNORE_INDEX, mask_starts
+from .collator import IGNORE_INDEX, mask_starts
 
 
 def _spans(labels: list[int], k: int, stride: int) -> list[int]:
@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> None:
     from hf_specdec.space.adapter import CARD_JSON, is_space_adapter, load_space_model
     from hf_specdec.target import load_target, resolve_model_path
 
-    from .corpus import first_turns, first_turns_source
+    from ..data.tokenized import first_turns, first_turns_source
 
-    require_extra("train", need="python -m hf_specdec.trainers.space_eval")
+    require_extra("train", need="python -m hf_specdec.trainers.space.eval")
     p = argparse.ArgumentParser(
-        prog="python -m hf_specdec.trainers.space_eval", description=__doc__.split("\n")[0]
+        prog="python -m hf_specdec.trainers.space.eval", description=__doc__.split("\n")[0]
     )
     p.add_argument("--model", required=True, help="a `train space` final folder or its adapter folder")
     p.add_argument("--base", default=None, help="the adapter's base (default: the default target)")
@@ -131,10 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(json.dumps(dict(result, top1_ar=top1[0], top1_masks=top1[1:])))
     if args.add_to_card:
-        from .space_card import write_model_card
+        from .card import write_model_card
 
         info = json.loads(card.read_text())
-        command = "python -m hf_specdec.trainers.space_eval " + shlex.join(
+        command = "python -m hf_specdec.trainers.space.eval " + shlex.join(
             sys.argv[1:] if argv is None else argv
         )
         info["mask_top1"] = {

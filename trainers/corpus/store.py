@@ -117,7 +117,7 @@ def regeneration_metadata(model, tokenizer, settings: dict, bench: BenchFilter, 
     """``regenerate.json``'s settings part: what the shards' content depends on (:data:`CONTENT_KEYS`) and more."""
     from hf_specdec.fingerprint import target_fingerprint
 
-    from .corpus import tokenizer_fingerprint
+    from ..data.tokenized import tokenizer_fingerprint
 
     return {
         "format": REGEN_FORMAT,

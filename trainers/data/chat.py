@@ -103,7 +103,7 @@ def packed_dataset(
 
 def conversation_rows(tokenizer, split: str, length: int, limit: int | None = None) -> Dataset:
     """``packed_dataset``'s ShareGPT as one row per conversation from its start, ``length`` tokens at most
-    (``corpus.conversations_from_corpus`` from the live tokenizer)."""
+    (``tokenized.conversations_from_corpus`` from the live tokenizer)."""
     rows = []
     for messages in itertools.islice(sharegpt_conversations(split), limit):
         rows.append(tokenize_chat(tokenizer, messages, max_length=length))

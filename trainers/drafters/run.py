@@ -1,6 +1,6 @@
 """The one training entry shared by ``hf-specdec train glide`` and ``train edd``: what differs is a ``DrafterRecipe``.
 
-Steps: load the frozen target, build the training / validation rows (``training_rows.py``: packed blocks or whole
+Steps: load the frozen target, build the training / validation rows (``data/rows.py``: packed blocks or whole
 conversations, from ``--corpus``, a pre-tokenized corpus, or by tokenizing ShareGPT now), build
 ``TrainingArguments``, put the target on ``TrainingArguments.device`` (the Trainer moves only the drafter), build the
 drafter there (the recipe), train with ``DrafterTrainer`` (resuming from the last checkpoint in ``--output-dir``:
@@ -28,8 +28,7 @@ from hf_specdec.core.drafter_cost import costs_by_dtype
 from hf_specdec.errors import SpecDecError
 from hf_specdec.machine import describe_machine, machine_line
 
-from .eval_only import eval_only_checked, write_eval_results
-from .training_rows import (
+from ..data.rows import (
     describe_rows,
     eval_batch_size,
     mixed_corpora,
@@ -41,6 +40,7 @@ from .training_rows import (
     validation_source,
     whole_conversations,
 )
+from .eval_only import eval_only_checked, write_eval_results
 
 
 @dataclass
@@ -72,7 +72,7 @@ def training_arguments(args):
     """``TrainingArguments`` of a drafter run (cosine schedule, evaluation and checkpoints every N steps)."""
     from transformers import TrainingArguments
 
-    from .run_support import shared_training_arguments
+    from ..run_support import shared_training_arguments
 
     shared = shared_training_arguments(args)
     # whole-conversation rows of like lengths batch together, so little of a batch is padding
@@ -98,11 +98,11 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
 
     from hf_specdec.target import load_target
 
-    from .corpus import corpus_source
-    from .data import install_draft_vocab
-    from .drafter_trainer import DrafterTrainer, write_training_curve
-    from .run_options import unrolled_options
-    from .run_support import TimeLimitCallback, per_hour, resume_point, timed_train
+    from ..data.chat import install_draft_vocab
+    from ..data.tokenized import corpus_source
+    from ..run_support import TimeLimitCallback, per_hour, resume_point, timed_train
+    from .options import unrolled_options
+    from .trainer import DrafterTrainer, write_training_curve
 
     if args.max_steps < 1:
         raise SpecDecError(f"--max-steps must be at least 1 (got {args.max_steps})")

@@ -1,6 +1,6 @@
 """``hf-specdec train glide|edd --eval-only``: validate a saved drafter (``--init-from DIR``) as it is, on the rows the
 run's validation options name, with the figures of a training run's final validation (``DrafterTrainer.evaluate``).
-``drafter_run.py`` builds the target, rows and ``Trainer`` as for training and hands over here instead of training.
+``run.py`` builds the target, rows and ``Trainer`` as for training and hands over here instead of training.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hf_specdec.errors import SpecDecError
 
-from .training_rows import validation_rows, validation_source
+from ..data.rows import validation_rows, validation_source
 
 
 def eval_only_checked(args) -> bool:
@@ -60,7 +60,7 @@ def write_eval_results(args, trainer) -> int:
     print(json.dumps(results, indent=1))
     print(f"wrote {out / 'eval_results.json'}")
     if getattr(args, "add_to_card", False):
-        from .drafter_card import add_evaluation
+        from .card import add_evaluation
 
         evaluation = {
             "rows": results["validation_rows"],

@@ -12,14 +12,14 @@ Work is batched: a shard's conversations answer turn by turn, each turn's prompt
 left-padded batches of ``batch_size`` by ``method`` (``ar``: plain ``generate``; ``pld-plus-h``:
 ``custom_generate=hf_specdec.pld_plus``, lossless), or by ``ar-refill`` (greedy only): up to ``batch_size`` rows at
 once, a row leaving when it ends and the next prompts taking its place (continuous batching,
-``regenerate_refill.py``). In fp32 greedy the three write the same text; only the time differs (docs/corpus.md).
+``refill.py``). In fp32 greedy the three write the same text; only the time differs (docs/corpus.md).
 The train / validation split is ShareGPT's
 (``hf_specdec.tasks.sharegpt_items``), so validation stays held out.
 
 The rest lives next to this module: ``bench_overlap.py`` keeps every bench prompt out (conversations are dropped
-before anything is generated), ``regenerate_store.py`` writes the shards and ``regenerate.json`` (a rerun of the same
-command resumes), ``regenerate_dataset.py`` assembles the shards into the ``datasets`` dataset and the pre-tokenized
-corpus, ``regenerate_measure.py`` times methods and batch sizes (``--measure``), and ``corpus_command.py`` is the
+before anything is generated), ``store.py`` writes the shards and ``regenerate.json`` (a rerun of the same
+command resumes), ``dataset.py`` assembles the shards into the ``datasets`` dataset and the pre-tokenized
+corpus, ``measure.py`` times methods and batch sizes (``--measure``), and ``command.py`` is the
 command line. docs/corpus.md has the figures.
 """
 
@@ -36,8 +36,8 @@ from hf_specdec.errors import SpecDecError
 from hf_specdec.tasks import render_plain
 
 from .bench_overlap import BenchFilter, bench_texts, clean_items
-from .regenerate_dataset import finalize
-from .regenerate_store import (
+from .dataset import finalize
+from .store import (
     open_run,
     record_shard,
     regeneration_metadata,
@@ -127,7 +127,7 @@ def answer_prompts(
         from hf_specdec.core.batch_io import pad_token_id
         from hf_specdec.core.generate_io import eos_token_ids
 
-        from .regenerate_refill import refill_greedy
+        from .refill import refill_greedy
 
         eos = eos_token_ids(model.generation_config)
         return refill_greedy(model, prompts, max_new_tokens, eos, pad_token_id(tokenizer), batch_size)

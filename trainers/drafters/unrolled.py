@@ -4,7 +4,7 @@ arXiv:2503.01840), for EDD and GLIDE alike (``DrafterTrainer(ttt_steps=, ttt_dec
 
 Both drafters are trained teacher-forced: every input token is the data's. At inference they draft in rounds: the
 round starts from the last committed token (the target's bonus token) and every later input of the round is the
-drafter's own previous draft (greedy: its argmax over the draft vocabulary, ``core/chain_drafting.draft_token``).
+drafter's own previous draft (greedy: its argmax over the draft vocabulary).
 The training masks already cut the sequence into such rounds: EDD's dual-block mask (edd-pct.txt §3.1, Fig. 3a,
 eq. 3: a token of block ``j`` sees the soft prompt of blocks ``< j`` and its own block's tokens) and GLIDE's
 block-wise cross-attention mask (glide-cape.txt §4.1: a query of block ``j`` sees the target's cache of blocks

@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
     from hf_specdec.options import parse_ints
     from hf_specdec.target import load_target
 
+    from ..data.chat import frequent_tokens
+    from ..data.rows import training_blocks
     from .calibration import validation_trainer
-    from .data import frequent_tokens
-    from .training_rows import training_blocks
 
     folder = Path(args.drafter)
     if not (folder / "config.json").is_file():

@@ -1,6 +1,6 @@
 """A pre-tokenized training corpus: ShareGPT rendered once in the target's chat template and stored compactly.
 
-Tokenizing ShareGPT conversation by conversation (``trainers/data.py``'s ``tokenize_chat``, exact assistant-only
+Tokenizing ShareGPT conversation by conversation (``trainers/data/chat.py``'s ``tokenize_chat``, exact assistant-only
 labels) takes minutes of Python per run; drafter training on a GPU is faster than that. ``hf-specdec corpus --out
 DIR`` does it once and writes, per split, ``{split}.safetensors``:
 
@@ -13,9 +13,9 @@ it (safetensors + JSON). ``packed_from_corpus`` cuts the concatenated stream int
 ``packed_dataset`` does from the live tokenizer, so ``hf-specdec train ... --corpus DIR`` trains on the same
 blocks, 28M tokens in a few MB per million tokens.
 
-``hf-specdec corpus --regenerate --out DIR`` (``regenerate.py``, docs/corpus.md) writes the same files from the
-target's own answers to ShareGPT's prompts (``regenerate_dataset.py``: ``build_corpus(..., conversations=...)``),
-next to them as a ``datasets`` dataset. The ``hf-specdec corpus`` command line is ``corpus_command.py``.
+``hf-specdec corpus --regenerate --out DIR`` (``corpus/regenerate.py``, docs/corpus.md) writes the same files from
+the target's own answers to ShareGPT's prompts (``corpus/dataset.py``: ``build_corpus(..., conversations=...)``),
+next to them as a ``datasets`` dataset. The ``hf-specdec corpus`` command line is ``corpus/command.py``.
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ def build_corpus(
     """Tokenize the ``splits`` into ``out_dir`` (see the module docstring); returns ``corpus.json``'s dict.
 
     ``conversations(split)`` gives a split's conversations as chat messages (default: ShareGPT's,
-    ``hf_specdec.tasks.sharegpt_conversations``; ``regenerate_dataset.py`` passes the target's own); ``source``
+    ``hf_specdec.tasks.sharegpt_conversations``; ``corpus/dataset.py`` passes the target's own); ``source``
     names them in ``corpus.json`` and ``extra`` is added to it."""
     from safetensors.numpy import save_file
     from tqdm.auto import tqdm
 
     from hf_specdec.tasks import sharegpt_conversations
 
-    from .data import tokenize_chat
+    from .chat import tokenize_chat
 
     conversations = conversations or sharegpt_conversations
     out = Path(out_dir)
@@ -218,7 +218,7 @@ def sft_from_corpus(
     tokenizer=None,
     min_answer_tokens: int = 8,
 ):
-    """``data.sft_dataset``'s samples from a token corpus (ShareGPT's, or the target's own answers from ``corpus
+    """``chat.sft_dataset``'s samples from a token corpus (ShareGPT's, or the target's own answers from ``corpus
     --regenerate``): each conversation from its start to the end of its first answer, ``max_length`` tokens at
     most, kept when at least ``min_answer_tokens`` of them are supervised (``limit`` samples at most). The corpus
     stores whole conversations tokenized by ``tokenize_chat``, so a sample is the tokens ``sft_dataset`` makes of
@@ -250,10 +250,10 @@ def sft_from_corpus(
 def first_turns(tokenizer, split: str, max_length: int, limit: int | None = None, corpus: str | None = None):
     """SFT samples, one per conversation (first user turn + first answer, ``max_length`` tokens at most): a token
     corpus's (:func:`sft_from_corpus`; the target's own answers of ``corpus --regenerate`` included), else
-    ShareGPT's tokenized now (``data.sft_dataset``)."""
+    ShareGPT's tokenized now (``chat.sft_dataset``)."""
     if corpus:
         return sft_from_corpus(corpus, split, max_length, limit, tokenizer)
-    from .data import sft_dataset
+    from .chat import sft_dataset
 
     return sft_dataset(tokenizer, split, max_length, limit)
 
