@@ -122,6 +122,21 @@ def test_library_errors_name_parameters_and_the_cli_its_flags(capsys):
     assert "--gguf-file" in cli and "--model" in cli and "gguf_file=" not in cli
 
 
+def test_the_deprecated_target_flag_still_works_and_warns(tmp_path, capsys):
+    from hf_specdec.cli import build_parser, main
+
+    args = build_parser().parse_args(["train", "edd", "--target", "m", "--output-dir", str(tmp_path / "o")])
+    assert args.model == "m"
+    assert "--target is deprecated" in capsys.readouterr().err
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "a.gguf").write_bytes(b"GGUF")
+    assert (
+        main(["train", "glide", "--target", str(tmp_path / "only"), "--output-dir", str(tmp_path / "o")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "--target is deprecated: use --model" in err and "holds GGUF files (a.gguf)" in err
+
+
 @pytest.mark.real
 def test_the_default_target_uses_its_shipped_drafters(real_target):
     """Given no drafter=, glide_cape and edd_pct on the default target run its shipped GLIDE / EDD drafter."""

@@ -37,7 +37,7 @@ def tiny_target(tmp_path_factory):
 
 
 def regenerate(out, target, *extra):
-    argv = ["corpus", "--regenerate", "--out", str(out), "--target", str(target), "--dtype", "fp32"]
+    argv = ["corpus", "--regenerate", "--out", str(out), "--model", str(target), "--dtype", "fp32"]
     assert main([*argv, "--max-new-tokens", "8", "--shard-size", "1", *extra]) == 0
 
 
@@ -195,7 +195,7 @@ def test_measure_shards_times_whole_shards_and_checks_their_text(tiny_target, tm
     """``--measure-shards``: each configuration answers the run's own shards and writes its committed text."""
     out = tmp_path / "run"
     regenerate(out, tiny_target, "--limit", "3", "--splits", "train", "--max-turns", "1")
-    argv = ["corpus", "--regenerate", "--out", str(out), "--target", str(tiny_target), "--splits", "train"]
+    argv = ["corpus", "--regenerate", "--out", str(out), "--model", str(tiny_target), "--splits", "train"]
     capsys.readouterr()
     assert main([*argv, "--dtype", "fp32", "--measure", "ar:2,ar-refill:2", "--measure-shards", "0,2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
@@ -271,8 +271,7 @@ def test_features_and_training_read_the_regenerated_corpus(regenerated, tiny_tar
     assert len(blocks) == 4 and any(x >= 0 for row in blocks["labels"] for x in row)  # answers are supervised
     argv = ["features", "--kind", "edd", "--corpus", str(regenerated), "--out", str(tmp_path / "store")]
     assert (
-        main([*argv, "--target", str(tiny_target), "--block-size", "16", "--blocks", "3", "--top-k", "4"])
-        == 0
+        main([*argv, "--model", str(tiny_target), "--block-size", "16", "--blocks", "3", "--top-k", "4"]) == 0
     )
     store = FeatureStore(tmp_path / "store")
     assert len(store) == 3 and torch.equal(store[0]["input_ids"], torch.tensor(blocks["input_ids"][0]))
@@ -282,7 +281,7 @@ def test_features_and_training_read_the_regenerated_corpus(regenerated, tiny_tar
     argv = [
         "train",
         "glide",
-        "--target",
+        "--model",
         str(tiny_target),
         "--corpus",
         str(regenerated),

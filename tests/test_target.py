@@ -112,7 +112,7 @@ def test_the_cli_wants_gguf_file_for_a_folder_of_ggufs(tmp_path, monkeypatch, ca
     (tmp_path / "only" / "a.gguf").write_bytes(b"GGUF")
     for argv in (
         ["demo", "--model", str(tmp_path / "only")],
-        ["train", "edd", "--target", str(tmp_path / "only"), "--output-dir", str(tmp_path / "o")],
+        ["train", "edd", "--model", str(tmp_path / "only"), "--output-dir", str(tmp_path / "o")],
         ["train", "space", "--model", str(tmp_path / "only"), "--output-dir", str(tmp_path / "o")],
     ):
         assert main(argv) == 2, argv

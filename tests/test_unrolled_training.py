@@ -248,7 +248,7 @@ def test_options_round_trip_through_the_cli(recipe, tmp_path, capsys):
         ("--ttt-decay", "0"),
         ("--ttt-decay", "-1"),
     ):
-        assert main([*base, "--target", str(tmp_path / "missing"), option, value]) == 2
+        assert main([*base, "--model", str(tmp_path / "missing"), option, value]) == 2
         err = capsys.readouterr().err.strip()
         assert option.removeprefix("--").replace("-", "_") in err and len(err.splitlines()) == 1
 

@@ -172,7 +172,7 @@ def test_eval_only_is_checked_before_the_target_loads(recipe, tmp_path, capsys):
     a one-line error before anything loads (the target path does not exist)."""
     from hf_specdec.cli import main
 
-    base = ["train", recipe, "--output-dir", str(tmp_path / "o"), "--target", str(tmp_path / "missing")]
+    base = ["train", recipe, "--output-dir", str(tmp_path / "o"), "--model", str(tmp_path / "missing")]
     assert main([*base, "--eval-only"]) == 2
     assert "--init-from DIR" in capsys.readouterr().err
     for extra in (["--resume"], ["--skip-train-rows", "8"], ["--features", "store"]):

@@ -43,7 +43,7 @@ def find_checkpoint(kind: str, option: str | None, model) -> Path:
         return shipped
     raise SpecDecError(
         f"no {kind} drafter for this target (one ships for: {', '.join(shipped_targets(kind)) or 'none'}): train "
-        f"one with `hf-specdec train glide --target MODEL {'--no-cross-attention ' if kind == 'vanilla' else ''}"
+        f"one with `hf-specdec train glide --model MODEL {'--no-cross-attention ' if kind == 'vanilla' else ''}"
         f"--output-dir DIR` and pass --option {kind}=DIR"
     )
 

@@ -27,5 +27,5 @@ def find_edd_checkpoint(option: str | None, model) -> Path:
         return shipped
     raise SpecDecError(
         f"no EDD drafter for this target (one ships for: {', '.join(shipped_targets('edd')) or 'none'}): train one "
-        "with `hf-specdec train edd --target MODEL --output-dir DIR` and pass --option edd=DIR"
+        "with `hf-specdec train edd --model MODEL --output-dir DIR` and pass --option edd=DIR"
     )

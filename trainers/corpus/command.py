@@ -24,7 +24,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", required=True, help="folder to write corpus.json and {split}.safetensors into")
     add_model_arguments(
-        p, "--target", "the target whose tokenizer to use (and, with --regenerate, who answers)"
+        p,
+        "--model",
+        "the target whose tokenizer to use (and, with --regenerate, who answers)",
+        deprecated=("--target",),
     )
     p.add_argument(
         "--limit-conversations", "--limit", type=int, default=None, help="first N per split (tests)"
@@ -39,7 +42,7 @@ def _run(args) -> int:
     if args.regenerate or args.finalize or args.measure:
         return run_regenerate(args)
     build_corpus(
-        load_tokenizer(args.target, gguf_file=args.gguf_file),
+        load_tokenizer(args.model, gguf_file=args.gguf_file),
         args.out,
         limit_conversations=args.limit_conversations,
     )
@@ -116,14 +119,14 @@ def run_regenerate(args) -> int:
         torch.set_num_threads(args.threads)
     if args.finalize:
         tokenizer = None
-        if args.target or args.gguf_file:
+        if args.model or args.gguf_file:
             from hf_specdec.target import load_tokenizer
 
-            tokenizer = load_tokenizer(args.target, gguf_file=args.gguf_file)
+            tokenizer = load_tokenizer(args.model, gguf_file=args.gguf_file)
         finalize(args.out, tokenizer)
         return 0
     dtype = resolve_auto_dtype(args.dtype)
-    model, tokenizer = load_target(args.target, dtype, gguf_file=args.gguf_file)
+    model, tokenizer = load_target(args.model, dtype, gguf_file=args.gguf_file)
     if torch.cuda.is_available():
         model.to("cuda")
     if args.measure:

@@ -161,7 +161,7 @@ def _load_split(
     if tokenizer is not None and meta.get("tokenizer_sha1") != tokenizer_fingerprint(tokenizer):
         raise SpecDecError(
             f"--corpus {root} was tokenized by another tokenizer ({meta.get('tokenizer')!r}); rebuild it for "
-            f"this target with `hf-specdec corpus --out DIR --target ...`"
+            f"this target with `hf-specdec corpus --out DIR --model ...`"
         )
     ids = arrays["ids"].astype(np.int64)
     supervised = np.unpackbits(arrays["supervised"], count=len(ids)).astype(bool)

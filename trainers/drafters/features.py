@@ -213,7 +213,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--corpus", required=True, help="a token corpus from `hf-specdec corpus --out DIR`")
     p.add_argument("--out", required=True, help="the store's folder (an interrupted run resumes there)")
-    add_model_arguments(p, "--target", "the target")
+    add_model_arguments(p, "--model", "the target", deprecated=("--target",))
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--blocks", type=int, default=None, help="how many blocks (default: the whole split)")
     p.add_argument("--top-k", type=int, default=32, help="teacher tokens kept per position")
@@ -268,7 +268,7 @@ def _run(args) -> int:
     from hf_specdec.target import load_target
 
     device = resolve_device(args.device)
-    target, _ = load_target(args.target, "fp32", gguf_file=args.gguf_file)
+    target, _ = load_target(args.model, "fp32", gguf_file=args.gguf_file)
     target.to(device)
     layers = parse_ints(args.target_layers) if args.target_layers else None
     drafter = drafter_for_kind(args.kind, target, args.encoder_layer, layers)

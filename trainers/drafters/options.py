@@ -13,7 +13,7 @@ from hf_specdec.options import add_model_arguments
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Which target, where the output goes, and how long to train."""
-    add_model_arguments(p, "--target", "the target")
+    add_model_arguments(p, "--model", "the target", deprecated=("--target",))
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--output-dir", required=True, help="where checkpoints, curve and the final drafter go")
     p.add_argument("--max-steps", type=int, default=300)

@@ -115,7 +115,7 @@ def run_drafter_training(args, recipe: DrafterRecipe) -> int:
     resume = None if eval_only else resume_point(args.output_dir, args.resume)  # before the target loads
     set_seed(args.seed)
     t_start = time.perf_counter()
-    target, tokenizer = load_target(args.target, args.dtype, gguf_file=args.gguf_file)
+    target, tokenizer = load_target(args.model, args.dtype, gguf_file=args.gguf_file)
     target.requires_grad_(False)
     targs = training_arguments(args)
     store = None
