@@ -3,8 +3,8 @@
 One import, one keyword::
 
     target.generate(**inputs, assistant_model=drafter)            # GLIDE / EDD drafters (chains)
-    target.generate(**inputs, custom_generate=hf_specdec.pld_plus) # PLD+ (pld-plus.txt)
-    target.generate(**inputs, custom_generate=hf_specdec.space)    # SPACE auto-correct decoding (space.txt)
+    target.generate(**inputs, custom_generate=hf_specdec.pld_plus) # PLD+ (arXiv:2412.01447)
+    target.generate(**inputs, custom_generate=hf_specdec.space)    # SPACE auto-correct decoding (SPACE, arXiv:2402.11809)
                                   # on a SAR-SFT model, e.g. the shipped one: hf_specdec.load_space_model()
     target.generate(**inputs, custom_generate=hf_specdec.glide_cape, drafter=glide)  # GLIDE + CAPE trees
     target.generate(**inputs, custom_generate=hf_specdec.edd_pct, drafter=edd)       # EDD + PCT trees

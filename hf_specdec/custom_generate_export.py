@@ -111,7 +111,7 @@ def bundle(entry: str) -> dict[str, str]:
     return files
 
 
-_PLD_PLUS_WRAPPER = '''"""PLD+ (pld-plus.txt): prompt lookup ranked by the target's hidden states or induction heads, lossless, as a
+_PLD_PLUS_WRAPPER = '''"""PLD+ (arXiv:2412.01447): prompt lookup ranked by the target's hidden states or induction heads, lossless, as a
 transformers ``custom_generate`` strategy. Exported by `hf-specdec export-custom-generate pld_plus` from
 hf_specdec {version}; the other modules in this folder are hf_specdec's, bundled, so it is not needed here."""
 

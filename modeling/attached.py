@@ -1,5 +1,5 @@
-"""A drafter attached to its frozen target: the plumbing shared by EDD (edd-pct.txt §3.1) and GLIDE
-(glide-cape.txt §4.1).
+"""A drafter attached to its frozen target: the plumbing shared by EDD (ACL 2025, §3.1) and GLIDE
+(GLIDE, arXiv:2402.02082, §4.1).
 
 Both drafters use the target's token embedding and LM head (frozen, never stored in the drafter
 checkpoint), so a drafter is *attached* to its target at load time (``Drafter.from_pretrained(path,
@@ -42,8 +42,8 @@ class TargetAttachedMixin:
     class-specific attach work goes in :meth:`_attach_extra`."""
 
     drafter_name = "drafter"  # the method's name in messages ("EDD", "GLIDE")
-    # Chains in transformers' assisted loop (``assistant_model=``) stop drafting when a token no longer pays for its
-    # cost on this machine (``core/draft_budget.ChainSizer``); False: always gamma tokens, as the papers draft.
+    # Chains (``assistant_model=``) stop drafting when a token no longer pays for its cost on this machine
+    # (``core/draft_budget.DraftBudget``); False: always gamma tokens, as the papers draft.
     chain_cost = True
     fingerprint_field = "target_info"  # the config field holding the target's fingerprint
 
@@ -163,13 +163,13 @@ class TargetAttachedMixin:
 
     def generate(self, *args, **kwargs):
         """A drafter does not generate on its own (it reads its target's state). Reached when it is passed as
-        ``assistant_model`` but transformers chose its generic assisted generator over the drafter's own
+        ``assistant_model`` but transformers ran its own assisted loop instead of the tree core's
         (``hf_specdec.core.assisted``): an error, never a silent fallback to another method."""
         raise SpecDecError(
-            f"{type(self).__name__} was given as assistant_model, but transformers did not select hf_specdec's "
-            "candidate generator for it (its generic assisted generator called drafter.generate): this "
-            "transformers version changed how generate picks the generator (hf_specdec/hf_compat, "
-            "candidate_generator_hook); use a supported transformers version or `import hf_specdec` before generate"
+            f"{type(self).__name__} was given as assistant_model, but transformers ran its own assisted loop "
+            "with it (its generic assisted generator called drafter.generate) instead of hf_specdec's: this "
+            "transformers version changed how generate runs assisted decoding (hf_specdec/hf_compat, "
+            "assisted_decoding); use a supported transformers version or `import hf_specdec` before generate"
         )
 
     def get_input_embeddings(self) -> nn.Module | None:

@@ -1,4 +1,4 @@
-"""EDD, the Effective Draft Decoder (edd-pct.txt §3.1, Fig. 2, App. B).
+"""EDD, the Effective Draft Decoder (EDD, ACL 2025, §3.1, Fig. 2, App. B).
 
 EDD is **one decoder layer of the target's own architecture** (built with ``AutoModel.from_config`` from the
 target's config with ``num_hidden_layers=1`` and full attention, ``modeling/target_layers.py``: a Llama target
@@ -39,6 +39,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
+from hf_specdec.hf_compat import CACHE_ARGUMENT
 from hf_specdec.target import target_fingerprint
 
 from .attached import TargetAttachedMixin
@@ -208,7 +209,7 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         out = self.decoder(
             inputs_embeds=inputs_embeds.to(self.dtype),
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            **{CACHE_ARGUMENT: past_key_values},
             attention_mask=attention_mask,
             use_cache=past_key_values is not None,
         )
@@ -314,22 +315,18 @@ class EddForCausalLM(TargetAttachedMixin, EddPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=self.to_full_vocab(logits))
 
     # ---------------------------------------------------------------- target.generate(assistant_model=edd)
-    def make_candidate_generator(self, target, generation_config, logits_processor, **_):
-        """Called by ``hf_specdec.core.assisted`` when this model is passed as ``assistant_model``."""
-        from hf_specdec.edd.candidate_generator import EddCandidateGenerator
-
-        if self.target is not target:
-            self.attach_target(target)
-        return EddCandidateGenerator(self, target, generation_config, logits_processor)
-
     def make_tree_proposer(self, target, generation_config=None, logits_processor=None, **_):
-        """``hf_specdec.core.assisted`` calls it when this model is the ``assistant_model`` of a batch: the chain of
-        gamma top-1 drafts (``EddTreeProposer`` builder ``"chain"``) for the batched tree loop; deterministic drafts,
-        which the tree core verifies losslessly greedily and with sampling (one-hot q)."""
+        """``hf_specdec.core.assisted`` calls it when this model is the ``assistant_model``: the chain of up to gamma
+        top-1 drafts for the tree core, sized by its cost on this machine (PCT of width 1 on the measured costs)
+        while ``chain_cost`` is on, else always gamma tokens (``EddTreeProposer`` builder ``"chain"``);
+        deterministic drafts, which the tree core verifies losslessly greedily and with sampling (one-hot q)."""
         from hf_specdec.core.chain_drafting import chain_length
         from hf_specdec.edd.tree_proposer import EddTreeProposer
 
-        return EddTreeProposer(self, "chain", depth=chain_length(self))  # attached to target on start
+        gamma = chain_length(self)  # attached to target on start
+        if self.chain_cost:
+            return EddTreeProposer(self, "pct", width=1, depth=gamma)
+        return EddTreeProposer(self, "chain", depth=gamma)
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.decoder.config)

@@ -1,4 +1,4 @@
-"""GLIDE, the glimpse draft model (glide-cape.txt §4.1), and its vanilla-drafter ablation (§5.2, Fig. 4).
+"""GLIDE, the glimpse draft model (GLIDE, arXiv:2402.02082, §4.1), and its vanilla-drafter ablation (§5.2, Fig. 4).
 
 Each of the ``N_D`` decoder layers is self-attention -> **cross-attention into the target's KV cache** ->
 feed-forward. Draft layer ``m`` (0-based) reads target layer ``l = N_T - N_D + m`` (the top layers, §5.4);
@@ -31,7 +31,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.core.chain_drafting import DEFAULT_GAMMA
 from hf_specdec.errors import SpecDecError
-from hf_specdec.hf_compat import rotary_for_layer_type
+from hf_specdec.hf_compat import CACHE_ARGUMENT, rotary_for_layer_type
 
 from .attached import TargetAttachedMixin
 from .glide_config import GlideConfig
@@ -130,7 +130,7 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         """What the trainer asks of the frozen target: its KV cache (None for the vanilla drafter), in a new cache of
         full layers on every call: a sliding-window layer's own cache would keep only its window, where at inference
         GLIDE reads the verification loops' full layers (``core/sliding_window.verification_cache``)."""
-        return {"use_cache": True, "past_key_values": DynamicCache()} if self.config.cross_attention else None
+        return {"use_cache": True, CACHE_ARGUMENT: DynamicCache()} if self.config.cross_attention else None
 
     def round_length(self) -> int:
         """L of the block-wise mask: ``DrafterTrainer`` reports the top-1 match at each block's first position apart
@@ -293,17 +293,11 @@ class GlideForCausalLM(TargetAttachedMixin, GlidePreTrainedModel, GenerationMixi
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
 
     # ---------------------------------------------------------------- hook for target.generate(assistant_model=...)
-    def make_candidate_generator(self, target, generation_config, logits_processor, **_):
-        """Called by ``hf_specdec.core.assisted`` when this model is passed as ``assistant_model``."""
-        from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
-
-        if self.target is not target:
-            self.attach_target(target)
-        return GlideCandidateGenerator(self, target, generation_config, logits_processor)
-
-    def make_tree_proposer(self, target, generation_config=None, logits_processor=None, **_):
-        """Called by ``hf_specdec.core.assisted`` for a batch (more than one row) with this ``assistant_model``: the
-        chain as a tree proposer (``hf_specdec.glide.cape.chain_proposer``), attached to ``target`` on ``start``."""
+    def make_tree_proposer(
+        self, target, generation_config=None, logits_processor=None, input_ids=None, model_kwargs=None, **_
+    ):
+        """Called by ``hf_specdec.core.assisted`` when this model is the ``assistant_model``: the chain as a tree
+        proposer of the tree core (``hf_specdec.glide.cape.chain_proposer``), attached to ``target`` on ``start``."""
         from hf_specdec.glide.cape import chain_proposer
 
-        return chain_proposer(self, logits_processor)
+        return chain_proposer(self, target, logits_processor, input_ids, model_kwargs)

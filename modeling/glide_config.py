@@ -1,4 +1,4 @@
-"""``GlideConfig``: the configuration of a GLIDE drafter (glide-cape.txt §4.1), built for a target with
+"""``GlideConfig``: the configuration of a GLIDE drafter (GLIDE, arXiv:2402.02082, §4.1), built for a target with
 ``GlideConfig.for_target(target)``; the model is ``modeling/glide.py``."""
 
 from __future__ import annotations

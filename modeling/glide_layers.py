@@ -1,4 +1,4 @@
-"""GLIDE's decoder layer (glide-cape.txt §4.1): self-attention over the draft's own tokens, then cross-attention into
+"""GLIDE's decoder layer (GLIDE, arXiv:2402.02082, §4.1): self-attention over the draft's own tokens, then cross-attention into
 the target's KV cache, then feed-forward. The model around it is ``modeling/glide.py``.
 
 The self-attention, feed-forward and norms are those of a layer of the target's own architecture

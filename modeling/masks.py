@@ -1,7 +1,7 @@
 """The training-time attention masks and drafted positions of the drafters (their training forward passes build
 them, so they live with the models; ``trainers/`` imports them from here).
 
-``blockwise_cross_mask`` is GLIDE's block-wise cross-attention mask (glide-cape.txt §4.1): the training sequence
+``blockwise_cross_mask`` is GLIDE's block-wise cross-attention mask (GLIDE, arXiv:2402.02082, §4.1): the training sequence
 is cut into blocks of L tokens (L = 5 in the paper) and a draft query at position j may attend to the target's
 keys/values at position k only if ``block(j) > block(k)``, with ``block(x) = x // L``. This reproduces the KV
 delay of inference, where the drafter proposing token t+i only sees the target's cache up to t-1.
@@ -27,7 +27,7 @@ def blockwise_cross_mask(
 
 
 def dual_block_mask(length: int, block_length: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """EDD's dual-block attention mask (edd-pct.txt §3.1, Fig. 3a, eq. 3): bool ``(2 * length, 2 * length)``,
+    """EDD's dual-block attention mask (EDD, ACL 2025, §3.1, Fig. 3a, eq. 3): bool ``(2 * length, 2 * length)``,
     True = may attend; rows/cols ``[soft prompt h_0..h_{n-1} ; tokens x_0..x_{n-1}]`` (h_k and x_k share position k).
 
     Token ``x_i`` of block ``j = i // L`` sees the soft prompt ``h_k`` for ``k < j * L`` (hidden states of blocks

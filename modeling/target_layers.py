@@ -1,7 +1,7 @@
 """Drafter layers of the target's own architecture (issue #33): the config and module classes a drafter layer is
 built from, taken from the target's config through transformers' own registry (never from code in a checkpoint).
 
-EDD's decoder (edd-pct.txt §3.1) and GLIDE's decoder layers (glide-cape.txt §4.1) are "a layer of the target":
+EDD's decoder (EDD, ACL 2025, §3.1) and GLIDE's decoder layers (GLIDE, arXiv:2402.02082, §4.1) are "a layer of the target":
 a Gemma 3 target gets Gemma 3's ``(1 + w)`` norms, q/k norms, query scaling and sandwich norms, a Qwen2 target its
 attention biases, a Phi-3 target its fused projections. Both drafters describe that layer by
 :func:`layer_config_dict` (the target's text config with the drafter's depth), stored in their own config, and

@@ -10,12 +10,9 @@ import torch
 from hf_specdec.modeling import EddConfig, EddForCausalLM, GlideForCausalLM
 
 import hf_specdec
-from hf_specdec.core import tree_decoding
 from hf_specdec.core.assisted import batch_stats
-from hf_specdec.core.stats import DecodeStats
 from hf_specdec.edd.tree_proposer import EddTreeProposer
 from hf_specdec.errors import SpecDecError
-from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
 from hf_specdec.glide.cape import CapeProposer
 from hf_specdec.glide.expansion import CHAIN
 
@@ -57,7 +54,7 @@ def test_each_row_equals_the_row_alone(kind, monkeypatch):
     """Three rows of different lengths: each row's output is its plain greedy output; the drafts are the drafter's
     chain of gamma tokens (one node per depth), and the batch's stats come through ``batch_stats``."""
     target, drafter = target_and_drafter(kind)
-    drafter.generation_config.num_assistant_tokens = 3
+    drafter.generation_config.num_assistant_tokens, drafter.chain_cost = 3, False  # gamma every step
     proposer_class = EddTreeProposer if kind == "edd" else CapeProposer
     trees, original = [], proposer_class.propose
 
@@ -87,14 +84,31 @@ def test_each_row_equals_the_row_alone(kind, monkeypatch):
 
 
 def test_make_tree_proposer_is_the_chain():
+    """The chain: CAPE without expansion sets (GLIDE) or a width-1 PCT (EDD), sized by the one cost rule while
+    ``chain_cost`` is on; gamma tokens every step (no budget) when it is off."""
     target, glide = target_and_drafter("glide")
-    proposer = glide.make_tree_proposer(target=target, generation_config=target.generation_config)
-    assert isinstance(proposer, CapeProposer) and proposer.expansion == CHAIN and proposer.budget is None
+    ids = torch.tensor([[1, 5, 6, 7]])
+    proposer = glide.make_tree_proposer(
+        target=target, generation_config=target.generation_config, input_ids=ids
+    )
+    assert isinstance(proposer, CapeProposer) and proposer.expansion == CHAIN and proposer.budget is not None
     assert proposer.gamma == 5  # the drafter's num_assistant_tokens (DEFAULT_GAMMA)
+    glide.chain_cost = False
+    proposer = glide.make_tree_proposer(
+        target=target, generation_config=target.generation_config, input_ids=ids
+    )
+    assert proposer.budget is None
     target, edd = target_and_drafter("edd")
     edd.generation_config.num_assistant_tokens = 4
     proposer = edd.make_tree_proposer(target=target, generation_config=target.generation_config)
-    assert isinstance(proposer, EddTreeProposer) and (proposer.builder, proposer.depth) == ("chain", 4)
+    assert isinstance(proposer, EddTreeProposer) and (proposer.builder, proposer.width, proposer.depth) == (
+        "pct",
+        1,
+        4,
+    )
+    edd.chain_cost = False
+    proposer = edd.make_tree_proposer(target=target, generation_config=target.generation_config)
+    assert (proposer.builder, proposer.depth) == ("chain", 4)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -118,33 +132,13 @@ def test_a_row_that_ends_early(kind):
 
 
 @pytest.mark.parametrize("kind", ("glide", "edd"))
-def test_a_batch_of_one_stays_in_transformers_loop(kind, monkeypatch):
+def test_a_batch_of_one_runs_the_tree_core_loop(kind):
     target, drafter = target_and_drafter(kind)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("batch size 1 must not take the batched tree loop")
-
-    monkeypatch.setattr(tree_decoding, "tree_generate", refuse)
     prompt = prompts_of((7,))[0]
     with batch_stats() as stats:
         out = target.generate(prompt[None], max_new_tokens=12, do_sample=False, assistant_model=drafter)
     assert out[0].tolist() == alone(target, prompt, 12)
-    assert stats == DecodeStats()  # transformers' loop: the batch stats stay untouched
-
-
-def test_a_batch_of_one_uses_the_drafters_candidate_generator(monkeypatch):
-    target, glide = target_and_drafter("glide")
-    calls = []
-    original = GlideCandidateGenerator.get_candidates
-
-    def spy(self, input_ids, **kwargs):
-        calls.append(input_ids.shape)
-        return original(self, input_ids, **kwargs)
-
-    monkeypatch.setattr(GlideCandidateGenerator, "get_candidates", spy)
-    prompt = prompts_of((6,))[0]
-    target.generate(prompt[None], max_new_tokens=8, do_sample=False, assistant_model=glide)
-    assert calls and all(shape[0] == 1 for shape in calls)
+    assert stats.batched_forwards > 0 and stats.new_tokens == 12
 
 
 def test_batch_errors_are_clear():

@@ -1,4 +1,4 @@
-"""CAPE (glide-cape.txt §4.2) on a GLIDE drafter: S(p) bins, siblings from the same draft forward (gamma forwards
+"""CAPE (GLIDE, arXiv:2402.02082, §4.2) on a GLIDE drafter: S(p) bins, siblings from the same draft forward (gamma forwards
 per step), the tree is the CAPE mask, drafter cache sync, greedy token-identical, sampling keeps the target's
 distribution, bench method, and the trained checkpoint on the real target."""
 

@@ -1,4 +1,4 @@
-"""GLIDE training/inference consistency (glide-cape.txt §4.1) and the cross-attention's training signal.
+"""GLIDE training/inference consistency (GLIDE, arXiv:2402.02082, §4.1) and the cross-attention's training signal.
 
 - Training (one forward over a whole sequence, block-wise cross mask) must give, position by position, the logits
   inference gives when the drafter drafts token by token with the target cache cut where a verification would cut
@@ -22,8 +22,7 @@ from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from hf_specdec.modeling.masks import blockwise_cross_mask
 from hf_specdec.trainers.drafters.trainer import DrafterTrainer
 
-from hf_specdec.glide.candidate_generator import GlideCandidateGenerator, GlideDraftCache
-from hf_specdec.hf_compat import cache_of
+from hf_specdec.glide.draft_cache import GlideDraftCache
 
 from .conftest import tiny_llama
 
@@ -81,37 +80,29 @@ def test_assisted_loop_drafts_equal_training_forward_under_the_verified_prefix_m
     p sees the target positions k < t of its round."""
     target = tiny_llama(num_hidden_layers=3)
     d = _drafter(target, 1)
-    d.generation_config.num_assistant_tokens = 3
+    d.generation_config.num_assistant_tokens, d.chain_cost = 3, False  # gamma drafts every step
     rounds = []
-    original = GlideCandidateGenerator.get_candidates
+    sync, step = GlideDraftCache.sync, GlideDraftCache.step
 
-    def spy(self, input_ids, model_kwargs=None, **kw):
-        cache = cache_of(model_kwargs)
-        t = input_ids.shape[1] - 1  # position of the bonus token (the last committed token)
-        if cache.get_seq_length():
-            assert cache.get_seq_length() == t
-        steps = []
-        step = self.state.step
+    def spy_sync(
+        self, input_ids
+    ):  # a step's start: t = position of the bonus token (the last committed token)
+        rounds.append((input_ids.shape[1] - 1, []))
+        return sync(self, input_ids)
 
-        def record(step_ids, target_cache, **kw):
-            logits = step(step_ids, target_cache, **kw)
-            steps.append((self.state.fed.clone(), logits))  # tokens fed so far; the last one predicts
-            return logits
-
-        self.state.step = record
-        try:
-            out = original(self, input_ids, model_kwargs=model_kwargs, **kw)
-        finally:
-            del self.state.step
-        rounds.append((t, steps))
-        return out
+    def spy_step(self, step_ids, target_cache, **kw):
+        t = rounds[-1][0]
+        assert target_cache.get_seq_length() == t  # the target's cache ends right before the bonus token
+        logits = step(self, step_ids, target_cache, **kw)
+        rounds[-1][1].append((self.fed.clone(), logits))  # tokens fed so far; the last one predicts
+        return logits
 
     prompt = torch.randint(3, 97, (1, 6))
-    GlideCandidateGenerator.get_candidates = spy
+    GlideDraftCache.sync, GlideDraftCache.step = spy_sync, spy_step
     try:
         out = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=d)
     finally:
-        GlideCandidateGenerator.get_candidates = original
+        GlideDraftCache.sync, GlideDraftCache.step = sync, step
     assert torch.equal(out, target.generate(prompt, max_new_tokens=24, do_sample=False))
     n = out.shape[1]
     checked = 0

@@ -1,4 +1,4 @@
-"""GLIDE drafter (glide-cape.txt §4.1): block-wise mask, cross-attention under GQA/RoPE, checkpoints, assisted loop."""
+"""GLIDE drafter (GLIDE, arXiv:2402.02082, §4.1): block-wise mask, cross-attention under GQA/RoPE, checkpoints, assisted loop."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def test_sampling_keeps_the_target_distribution():
     target = tiny_llama(vocab_size=4, num_hidden_layers=1)
     d = _drafter(target, seed=3, cross_attention=False)
     torch.nn.init.normal_(d.layers[0].mlp.down_proj.weight, std=0.5)  # a poor drafter: many rejections
-    ids = torch.tensor([[3, 1, 3, 0]])
+    ids = torch.tensor([[3, 1, 3, 2]])  # no pad token (0): generate would infer padding from it
     with torch.no_grad():
         p = target(ids).logits[0, -1].softmax(-1)
     torch.manual_seed(0)

@@ -42,7 +42,7 @@ def test_training_steps_lower_the_loss_on_real_data(real_target, tmp_path):
 
 
 def test_expected_acceptance_hand_computation():
-    """glide-cape.txt §5's alpha: sum_x min(P_t(x), P_d(x)) per position, over a reduced draft vocabulary too."""
+    """GLIDE (arXiv:2402.02082) §5's alpha: sum_x min(P_t(x), P_d(x)) per position, over a reduced draft vocabulary too."""
     from hf_specdec.trainers.drafters.losses import expected_acceptance
 
     target = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))

@@ -18,7 +18,6 @@ import hf_specdec
 from hf_specdec import hf_compat
 from hf_specdec.core import assisted
 from hf_specdec.errors import SpecDecError
-from hf_specdec.glide.candidate_generator import GlideCandidateGenerator
 from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
 
 from .conftest import tiny_llama
@@ -58,28 +57,6 @@ def test_no_transformers_private_name_outside_hf_compat():
 
 
 # ------------------------------------------------------------------ the entries
-def test_candidate_generator_hook(monkeypatch):
-    """transformers still has the method, takes the parameters the hook reads, and generate(assistant_model=...)
-    still asks it (once per generation) for the generator; ours is then GLIDE's."""
-    params = list(inspect.signature(hf_compat.ORIGINAL_GET_CANDIDATE_GENERATOR).parameters)
-    missing = [p for p in hf_compat.CANDIDATE_GENERATOR_PARAMETERS if p not in params]
-    assert not missing, f"{_entry('candidate_generator_hook')}: parameters {missing} are gone ({params})"
-    assert assisted.installed(), _entry("candidate_generator_hook") + ": the hook is not installed"
-    calls = []
-
-    def spy(self, *args, **kwargs):
-        calls.append(assisted._select_candidate_generator(self, *args, **kwargs))
-        return calls[-1]
-
-    monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", spy)
-    target = tiny_llama()
-    target.generate(
-        torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, do_sample=False, assistant_model=_glide(target)
-    )
-    assert len(calls) == 1, f"{_entry('candidate_generator_hook')}: generate asked it {len(calls)} times"
-    assert isinstance(calls[0], GlideCandidateGenerator)
-
-
 def test_assisted_decoding(monkeypatch):
     """``_assisted_decoding`` takes the parameters the batch wrapper reads (and ``**model_kwargs``), generate
     (assistant_model=...) still runs it (once) on a batch, whose rows then come from the batched tree loop; it takes
@@ -325,8 +302,8 @@ def test_cache_layers_overallocate_layers_only_touches_empty_plain_caches():
 
 
 def test_cache_argument(monkeypatch):
-    """``generate`` keeps the cache in its ``model_kwargs`` under ``CACHE_ARGUMENT`` (what the assisted loop hands a
-    candidate generator, and what the tree loops read), and the model's forward, its decoder layers' and their
+    """``generate`` keeps the cache in its ``model_kwargs`` under ``CACHE_ARGUMENT`` (what a ``custom_generate`` loop
+    and the assisted loop receive, and what the tree loops read), and the model's forward, its decoder layers' and their
     attention modules take it by that name."""
     from transformers.cache_utils import Cache
 
@@ -336,16 +313,12 @@ def test_cache_argument(monkeypatch):
                target.model.layers[0].forward, target.model.layers[0].self_attn.forward):  # fmt: skip
         assert name in inspect.signature(fn).parameters, f"{_entry('cache_argument')}: {fn.__qualname__}"
     seen = []
-    original = GlideCandidateGenerator.get_candidates
 
-    def spy(self, input_ids, model_kwargs=None, **kwargs):
+    def probe(model, input_ids, *args, **model_kwargs):  # a custom_generate loop sees generate's model_kwargs
         seen.append(model_kwargs.get(name))
-        return original(self, input_ids, model_kwargs=model_kwargs, **kwargs)
+        return input_ids
 
-    monkeypatch.setattr(GlideCandidateGenerator, "get_candidates", spy)
-    target.generate(
-        torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, do_sample=False, assistant_model=_glide(target)
-    )
+    target.generate(torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, do_sample=False, custom_generate=probe)
     assert seen and all(isinstance(c, Cache) for c in seen), f"{_entry('cache_argument')}: {seen}"
     assert hf_compat.cache_of({"past_key_values": seen[0]}) is seen[0]  # a direct caller's old name
 
@@ -376,26 +349,10 @@ def test_decoder_layers(arch):
 
 
 # ------------------------------------------------------------------ the assisted hook
-def test_hook_passes_every_argument_through(monkeypatch):
-    """A transformers release that adds a parameter: the hook binds to its signature and passes the call on as is."""
-    seen = []
-
-    def future(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-               assistant_model=None, added_in_a_future_release=None):  # fmt: skip
-        seen.append((generation_config, input_ids, added_in_a_future_release))
-
-    monkeypatch.setattr(hf_compat, "ORIGINAL_GET_CANDIDATE_GENERATOR", future)
-    monkeypatch.setattr(assisted, "ORIGINAL_GET_CANDIDATE_GENERATOR", future)
-    assisted._select_candidate_generator(
-        tiny_llama(), "cfg", 1, None, None, {}, assistant_model=None, added_in_a_future_release=2
-    )
-    assert seen == [("cfg", 1, 2)]
-
-
 def test_batch_hook_passes_every_argument_through(monkeypatch):
-    """A transformers release that adds a parameter to the assisted loop: a batch-1 call (or another assistant) is
-    passed on as is. One that renames a parameter the wrapper reads: a batch with our drafter is a SpecDecError
-    naming the entry, not a wrong call."""
+    """A transformers release that adds a parameter to the assisted loop: a call with another assistant is passed on
+    as is, at any batch size. One that renames a parameter the wrapper reads: a call with our drafter is a
+    SpecDecError naming the entry, not a wrong call."""
     seen = []
 
     def future(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
@@ -408,7 +365,7 @@ def test_batch_hook_passes_every_argument_through(monkeypatch):
     model = tiny_llama()
     one, two = torch.ones(1, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
     assisted._assisted_decoding(
-        model, one, None, None, "cfg", assistant_model=_glide(model), added_in_a_future_release=2, x=3
+        model, one, None, None, "cfg", assistant_model=tiny_llama(seed=1), added_in_a_future_release=2, x=3
     )
     assisted._assisted_decoding(
         model, two, None, None, "cfg", assistant_model="other", added_in_a_future_release=4
@@ -422,7 +379,7 @@ def test_batch_hook_passes_every_argument_through(monkeypatch):
     monkeypatch.setattr(hf_compat, "ORIGINAL_ASSISTED_DECODING", renamed)
     monkeypatch.setattr(assisted, "ORIGINAL_ASSISTED_DECODING", renamed)
     with pytest.raises(SpecDecError, match=r"\['streamer'\].*assisted_decoding"):
-        assisted._assisted_decoding(model, two, None, None, "cfg", assistant_model=_glide(model))
+        assisted._assisted_decoding(model, one, None, None, "cfg", assistant_model=_glide(model))
 
 
 def test_batch_with_another_assistant_keeps_transformers_error():
@@ -441,14 +398,12 @@ def test_batch_with_another_assistant_keeps_transformers_error():
         )
 
 
-def test_our_drafter_without_our_generator_raises(monkeypatch):
-    """Simulated mismatch: transformers' selection bypasses the hook, so the drafter reaches the generic assisted
-    generator; that is a SpecDecError, not a silent fallback."""
-    monkeypatch.setattr(
-        GenerationMixin, "_get_candidate_generator", hf_compat.ORIGINAL_GET_CANDIDATE_GENERATOR
-    )
+def test_our_drafter_without_our_loop_raises(monkeypatch):
+    """Simulated mismatch: transformers' assisted loop runs without the wrapper, so the drafter reaches the generic
+    assisted generator; that is a SpecDecError, not a silent fallback."""
+    monkeypatch.setattr(GenerationMixin, "_assisted_decoding", hf_compat.ORIGINAL_ASSISTED_DECODING)
     target = tiny_llama()
-    with pytest.raises(SpecDecError, match="did not select hf_specdec's candidate generator"):
+    with pytest.raises(SpecDecError, match="ran its own assisted loop"):
         target.generate(
             torch.tensor([[1, 5, 6]]), max_new_tokens=3, do_sample=False, assistant_model=_glide(target)
         )

@@ -1,4 +1,4 @@
-"""PCT and the tree baselines (edd-pct.txt §3.2, Fig. 4, App. A) on constructed confidence trees, and EDD trees
+"""PCT and the tree baselines (EDD, ACL 2025, §3.2, Fig. 4, App. A) on constructed confidence trees, and EDD trees
 through the tree-verification core (lossless)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PLD+ (pld-plus.txt): ranking (Fig. 2), the candidate generator's edge cases (no occurrence, EOS in a draft,
+"""PLD+ (arXiv:2412.01447): ranking (Fig. 2), the candidate generator's edge cases (no occurrence, EOS in a draft,
 max_new_tokens at a draft boundary), losslessness (greedy on Llama / GPT-2, sdpa / eager; sampling distribution),
 the incremental hidden-state store, the selected-head attention capture, attribution, heads files and errors."""
 
@@ -85,7 +85,7 @@ def _heads_file(tmp_path, model, heads=((1, 0), (0, 3), (1, 2))):
 
 # ------------------------------------------------------------------------------------------------- ranking
 def test_fig2_semantic_ranking_beats_first_ngram_match():
-    """pld-plus.txt Fig. 2: the last token "\\n" (10) follows "7" twice; n-gram lookup takes the first "7 \\n" and
+    """PLD+ (arXiv:2412.01447) Fig. 2: the last token "\\n" (10) follows "7" twice; n-gram lookup takes the first "7 \\n" and
     drafts the wrong continuation, PLD+ takes the occurrence whose preceding hidden state matches the current one."""
     ids = torch.tensor([5, 7, 10, 20, 21, 22, 6, 7, 10, 30, 31, 32, 8, 9, 7, 10])
     right = 8  # the second "\n": its continuation 30 31 32 is what the output needs

@@ -1,4 +1,4 @@
-"""SAR-SFT collator (space.txt §3.1 eq. 2-3, App. A.1) and mask-token setup (§4.1)."""
+"""SAR-SFT collator (SPACE, arXiv:2402.11809, §3.1 eq. 2-3, App. A.1) and mask-token setup (§4.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPACE auto-correct decoding (space.txt §3.2, Alg. 1, eq. 4-7, Fig. 7)."""
+"""SPACE auto-correct decoding (SPACE, arXiv:2402.11809, §3.2, Alg. 1, eq. 4-7, Fig. 7)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import hf_specdec
 from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.verify_cost import CostCurve
 from hf_specdec.errors import SpecDecError
-from hf_specdec.space.decoding import attention_mask, build_input, positions, space_generate
+from hf_specdec.space.decoding import space_generate, space_tree
 
 from .conftest import CollectStreamer, tiny_gpt2, tiny_llama
 
@@ -30,39 +30,42 @@ FIG7 = """
 """
 
 
-def _fig7_input():
-    return build_input([101, 102], [103, 104], k=2, mask_token_id=0)
+def _fig7_tree():
+    """Fig. 7's input after "LLMs" (cached): root "are", then [M] [M] auto [M] [M] model [M] [M]."""
+    return space_tree([103, 104], k=2, mask_token_id=0)
 
 
-def test_attention_mask_equals_fig7():
-    ids = _fig7_input()
-    assert ids == [101, 102, 0, 0, 103, 0, 0, 104, 0, 0]  # eq. 4
+def test_tree_is_eq4_and_its_mask_is_fig7():
+    tree = _fig7_tree()
+    assert tree.token_list == [0, 0, 103, 0, 0, 104, 0, 0]  # eq. 4 after the root
     expected = torch.tensor([[int(v) for v in line.split()] for line in FIG7.strip().splitlines()]).bool()
-    assert torch.equal(attention_mask(torch.tensor(ids) == 0), expected)
+    assert torch.equal(
+        tree.attention_mask(1)[0, 0], expected[1:, :]
+    )  # rows from the root; "LLMs" is the prefix
 
 
 def test_positions_are_row_sums_minus_one():
-    a = attention_mask(torch.tensor(_fig7_input()) == 0)
-    assert positions(a).tolist() == [0, 1, 2, 3, 2, 3, 4, 3, 4, 5]
-    assert positions(a, offset=7).tolist() == [7, 8, 9, 10, 9, 10, 11, 10, 11, 12]
+    expected = torch.tensor([[int(v) for v in line.split()] for line in FIG7.strip().splitlines()]).bool()
+    assert (expected.long().sum(-1) - 1).tolist() == [0, 1, 2, 3, 2, 3, 4, 3, 4, 5]
+    assert _fig7_tree().position_ids(7)[0].tolist() == [7, 8, 9, 8, 9, 10, 9, 10, 11]  # root at 7, as "are"
 
 
 def test_mask_groups_do_not_see_each_other_for_large_k():
-    k, n_real = 5, 3
-    ids = build_input(list(range(1, n_real + 1)), [50 + i for i in range(k)], k=k, mask_token_id=0)
-    assert len(ids) == n_real + k * (k + 2)  # |I| = n_real + k(k+2)
-    is_mask = torch.tensor(ids) == 0
-    a = attention_mask(is_mask)
+    k = 5
+    tree = space_tree([50 + i for i in range(k)], k=k, mask_token_id=0)
+    assert len(tree) == k + (k + 1) * k  # the candidates and a group after each real token
+    a = tree.ancestor_mask()  # fed index 0 = the root
+    is_mask = torch.tensor([False] + [t == 0 for t in tree.token_list])
     for g in range(k + 1):
-        start = n_real + g * (k + 1)
+        start = 1 + g * (k + 1)
         rows = a[start : start + k]
         assert torch.equal(
             rows[:, start : start + k], torch.ones(k, k).tril().bool()
         )  # causal inside the group
-        others = [j for j in range(len(ids)) if is_mask[j] and not start <= j < start + k]
+        others = [j for j in range(len(is_mask)) if is_mask[j] and not start <= j < start + k]
         assert not rows[:, others].any()  # no mask of another group
-        cands = [n_real + i * (k + 1) - 1 for i in range(1, g + 1)]
-        assert rows[:, :n_real].all() and (not cands or rows[:, cands].all())  # prompt + earlier candidates
+        reals = [0] + [i * (k + 1) for i in range(1, g + 1)]
+        assert rows[:, reals].all()  # the root and the earlier candidates
     reals = ~is_mask
     assert not a[reals][:, is_mask].any()  # real tokens never see masks
     assert torch.equal(a[reals][:, reals], torch.ones(int(reals.sum()), int(reals.sum())).tril().bool())
@@ -158,8 +161,9 @@ def test_stops_at_eos_inside_an_accepted_run():
 
 @pytest.mark.parametrize("space_cost", [False, CostCurve.linear(0.158)], ids=["all", "cost-sized"])
 def test_sampling_keeps_the_target_distribution(space_cost):
-    """First two sampled tokens (temperature + top-k) through SPACE: the second one goes through the
-    min(1, Q/P_c) test against a candidate drawn from the mask distribution, with residual resampling. Cost-sized:
+    """Sampled tokens 2 and 3 (temperature + top-k) through SPACE: the prefill emits token 1, the next step feeds the
+    first mask group and emits token 2, and token 3 goes through the min(1, Q/P_c) test against a candidate drawn
+    from that group's mask distribution, with residual resampling. Cost-sized:
     the first candidate is verified only when its mask distribution is confident enough (max prob >= 0.36: about
     half the steps with this model; its confidences lie in 0.35-0.38)."""
     stats = pytest.importorskip("scipy.stats")
@@ -176,7 +180,9 @@ def test_sampling_keeps_the_target_distribution(space_cost):
 
     # space_generate is called directly (what generate would pass it) to keep 500 runs cheap on a busy CPU.
     procs = LogitsProcessorList([TemperatureLogitsWarper(temp), TopKLogitsWarper(top_k)])
-    cfg = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 3)
+    cfg = GenerationConfig(
+        do_sample=True, max_length=prompt.shape[1] + 4
+    )  # room for the step drafting token 3
     stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
     torch.manual_seed(0)
     threads = torch.get_num_threads()
@@ -186,15 +192,17 @@ def test_sampling_keeps_the_target_distribution(space_cost):
         with torch.no_grad():
             for _ in range(n):
                 out = space_generate(model, prompt, procs, stop, cfg, stats=st, space_cost=space_cost)
-                counts[out[0, 3], out[0, 4]] += 1
+                counts[out[0, 4], out[0, 5]] += 1
     finally:
         torch.set_num_threads(threads)
     assert 0 < st.accepted < st.drafted  # both branches (accept / residual) were taken
     with torch.no_grad():
-        p1 = target(prompt)
-        expected = torch.stack(
-            [p1[a] * target(torch.cat([prompt, torch.tensor([[a]])], 1)) for a in range(V)]
-        )
+        p1, expected = target(prompt), torch.zeros(V, V)  # (token 2, token 3), token 1 summed out
+        for a in p1.nonzero()[:, 0].tolist():
+            first = torch.cat([prompt, torch.tensor([[a]])], 1)
+            p2 = target(first)
+            for b in p2.nonzero()[:, 0].tolist():
+                expected[b] += p1[a] * p2[b] * target(torch.cat([first, torch.tensor([[b]])], 1))
     keep = expected.flatten() > 0
     assert counts.flatten()[~keep].sum() == 0
     exp = expected.flatten()[keep].double()
@@ -207,11 +215,25 @@ def test_errors_are_clear():
     model = tiny_llama(vocab_size=97)
     with pytest.raises(SpecDecError, match="not trained for SPACE"):
         model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, custom_generate=hf_specdec.space)
-    _peaked(model)
-    with pytest.raises(SpecDecError, match="batch size 1"):
-        model.generate(
-            torch.tensor([[1, 2, 3], [1, 2, 4]]), max_new_tokens=3, custom_generate=hf_specdec.space
-        )
+
+
+@pytest.mark.parametrize("space_cost", [False, CostCurve({1: 1.0, 2: 1.0})], ids=["all", "cost-sized"])
+def test_a_left_padded_batch_decodes_every_row_as_alone(space_cost):
+    """Every row of a batch drafts, is verified in the same forward and accepts on its own: each row's greedy output
+    is the row's plain greedy output."""
+    model = _peaked(tiny_llama(vocab_size=97), k=2)
+    prompts = [[1, 5, 7, 9, 11, 4], [2, 8], [3, 3, 6, 1]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kw = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    stats = DecodeStats()
+    out = model.generate(ids, attention_mask=mask, custom_generate=hf_specdec.space, space_cost=space_cost,
+                         stats=stats, **kw)  # fmt: skip
+    for row, prompt in enumerate(prompts):
+        ref = model.generate(torch.tensor([prompt]), **kw)[0, len(prompt) :]
+        assert torch.equal(out[row, width:], ref), row
+    assert stats.batched_forwards < 20 and stats.accepted > 0
 
 
 @pytest.mark.real

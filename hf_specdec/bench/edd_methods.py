@@ -1,8 +1,8 @@
-"""Bench methods for EDD (edd-pct.txt §3.1) and its candidate trees (§3.2, App. A).
+"""Bench methods for EDD (ACL 2025, §3.1) and its candidate trees (§3.2, App. A).
 
-- ``edd``: chain drafts of gamma = 5 through ``target.generate(assistant_model=edd)`` (Table 1's setting);
-  stats inferred from the target's forwards; at ``--batch-size B > 1`` one call per batch (the batched tree loop,
-  ``core/assisted.py``) and that loop's stats.
+- ``edd``: chain drafts of up to gamma = 5 through ``target.generate(assistant_model=edd)`` (Table 1's setting; the
+  tree core's loop, ``core/assisted.py``); stats inferred from the target's forwards; at ``--batch-size B > 1`` one
+  call per batch and the loop's stats.
 - ``edd-pct``: PCT (width 5, max depth 10, removal threshold 0.01, s_d/s_t measured while decoding).
 - ``edd-vct``: the vanilla candidate tree, width 3, depth 5 (App. A).
 - ``edd-eagle2``: EAGLE-2-style re-ranked tree, top-10 expansion, depth 6, 50 nodes (App. A).
@@ -12,7 +12,7 @@ Trees run in the tree core's ``tree_generate`` and report their own ``DecodeStat
 docs/edd-pct.md) when made for the target, else the one shipped for the target (``edd/checkpoint.py``). Table 3's ablations are
 checkpoints trained with ``--no-soft-prompt`` / ``--loss ce`` / ``--block-min 5 --block-max 5`` benched with
 ``--option edd=PATH``. Other options: ``gamma`` (chain length), ``chain_cost=0`` (the chain always drafts gamma
-tokens, as the paper; default 1: it stops at a token that does not pay its cost, ``core/draft_budget.ChainSizer``),
+tokens, as the paper; default 1: it stops at a token that does not pay its cost, ``core/draft_budget.DraftBudget``),
 ``pct_width``, ``pct_depth``, ``pct_removal``,
 ``pct_ratio`` (pin s_d/s_t instead of measuring it), ``pct_temperature`` (confidence temperature instead of the
 drafter's calibrated one), ``eagle2_total``.

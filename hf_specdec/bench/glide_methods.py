@@ -1,13 +1,14 @@
 """Bench methods ``glide`` and ``vanilla-draft``: ``target.generate(assistant_model=drafter)`` with a trained
-GLIDE drafter (glide-cape.txt §4.1) or the vanilla drafter (same architecture without cross-attention, §5.2).
+GLIDE drafter (GLIDE, arXiv:2402.02082, §4.1) or the vanilla drafter (same architecture without cross-attention, §5.2).
 
 Checkpoints come from ``--option glide=PATH`` / ``--option vanilla=PATH``; by default ``runs/glide-smollm2`` and
 ``runs/vanilla-smollm2`` (what ``hf-specdec train glide`` writes in the docs' recipe) when made for the bench's
 target, then the one shipped in the package for that target (``hf_specdec/shipped.py``: ``resources/glide-*``). ``--option gamma=N`` sets the number of draft
 tokens per round (default 5), ``chain_cost=0`` drafts all of them (default 1: the chain stops at a token that does
-not pay its cost on this machine, ``core/draft_budget.ChainSizer``). Stats are inferred from the target's forwards (``stats.ForwardMeter``). At
+not pay its cost on this machine, ``core/draft_budget.DraftBudget``). The chain runs in the tree core's loop
+(``core/assisted.py``); stats are inferred from the target's forwards (``stats.ForwardMeter``). At
 ``--batch-size B > 1`` both take the batch in one ``generate(assistant_model=drafter)`` call (each row drafts its
-own chain in the batched tree loop, ``core/assisted.py``) and report that loop's stats.
+own chain) and report the loop's stats.
 
 ``glide-cape``: the same GLIDE checkpoint with CAPE (§4.2, ``hf_specdec.glide.cape``): gamma = 5 proposal tokens plus
 confidence-sized expansion sets, verified as one token tree per target forward through ``custom_generate=

@@ -1,4 +1,4 @@
-"""Bench methods ``pld-plus-h`` and ``pld-plus-a``: PLD+ (pld-plus.txt) through ``custom_generate``.
+"""Bench methods ``pld-plus-h`` and ``pld-plus-a``: PLD+ (arXiv:2412.01447) through ``custom_generate``.
 
 Options (``hf-specdec bench --option KEY=VALUE``): ``pld_k`` (K, tokens drafted per step), ``pld_layer``
 (PLD+(h)'s hidden-state index), ``pld_heads`` (PLD+(a)'s heads file; default: the shipped one),
@@ -54,7 +54,7 @@ class _PLDPlus(GenerateCallMethod):
 @register
 class PLDPlusHidden(_PLDPlus):
     name = "pld-plus-h"
-    description = "PLD+(h): prompt lookup ranked by hidden-state cosine (pld-plus.txt §4.2.2)"
+    description = "PLD+(h): prompt lookup ranked by hidden-state cosine (PLD+, arXiv:2412.01447, §4.2.2)"
     variant = "hidden"
     batchable = True
 
@@ -62,5 +62,5 @@ class PLDPlusHidden(_PLDPlus):
 @register
 class PLDPlusAttention(_PLDPlus):
     name = "pld-plus-a"
-    description = "PLD+(a): prompt lookup ranked by induction-head attention (pld-plus.txt §4.2.1)"
+    description = "PLD+(a): prompt lookup ranked by induction-head attention (PLD+, arXiv:2412.01447, §4.2.1)"
     variant = "attention"

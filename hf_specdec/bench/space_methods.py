@@ -1,4 +1,4 @@
-"""Bench method ``space``: SPACE auto-correct decoding (space.txt §3.2) of a SAR-SFT model.
+"""Bench method ``space``: SPACE auto-correct decoding (SPACE, arXiv:2402.11809, §3.2) of a SAR-SFT model.
 
 Which weights ``space`` decodes:
 
@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
+from ..core.batch_io import pad_token_id
 from ..errors import SpecDecError
 from ..shipped import shipped_checkpoint, shipped_targets
 from ..space.adapter import is_space_adapter, load_model
-from .methods import BenchContext, Method, greedy_with_stats, register
+from .methods import BenchContext, Method, batched_greedy_with_stats, greedy_with_stats, register
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +77,18 @@ class Space(Method):
 
         self.generate_fn = space_generate
 
+    batchable = True
+
+    def generate_kwargs(self) -> dict:
+        return dict(custom_generate=self.generate_fn, num_masks=self.masks, space_cost=self.space_cost)
+
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int):
-        return greedy_with_stats(
-            self.model,
-            input_ids,
-            max_new_tokens,
-            custom_generate=self.generate_fn,
-            num_masks=self.masks,
-            space_cost=self.space_cost,
+        return greedy_with_stats(self.model, input_ids, max_new_tokens, **self.generate_kwargs())
+
+    def generate_batch(self, input_ids, attention_mask, max_new_tokens):
+        pad_id = pad_token_id(self.ctx.tokenizer)
+        return batched_greedy_with_stats(
+            self.model, input_ids, attention_mask, max_new_tokens, pad_id, **self.generate_kwargs()
         )
 
 

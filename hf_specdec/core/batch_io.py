@@ -1,5 +1,5 @@
 """Left-padded batches of token-id prompts for a batched ``model.generate``: the pad id, the padded batch and its
-attention mask, its rows back, and each row's new tokens of the output (the bench and ``trainers/regenerate.py``
+attention mask, its rows back, and each row's new tokens of the output (the bench and ``trainers/corpus/regenerate.py``
 decode batches with them)."""
 
 from __future__ import annotations

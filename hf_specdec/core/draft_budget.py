@@ -3,7 +3,7 @@
 Time of one step, in one-token target forwards: ``T = c(q) + k * c_d``, with ``q = 1 + n`` the tokens the target
 verifies (the root and ``n`` drafted nodes; ``c(q)``: the learnt verification cost curve,
 ``core/verify_cost.py``, ``c(1) = 1``) and ``k`` drafter forwards of cost ``c_d`` each (``core/drafter_cost.py``;
-edd-pct.txt's s_d/s_t). Tokens it yields: ``E = 1 + sum_i e_i``, where ``e_i`` is node ``i``'s probability of being
+EDD (ACL 2025)'s s_d/s_t). Tokens it yields: ``E = 1 + sum_i e_i``, where ``e_i`` is node ``i``'s probability of being
 accepted, estimated by the drafter as the product of the confidences along its path (CAPE's ``P(reach i) * p``,
 PCT's estimate). Decoding runs at ``E / T`` tokens per forward; plain ``generate`` at 1.
 
@@ -181,51 +181,6 @@ def cached_drafter_costs(drafter) -> dict[str, float]:
     """The ``c_d`` values :func:`measured_drafter_cost` has timed for ``drafter`` in this process, by
     ``verify_cost.setting_label``."""
     return {setting_label(key): c for key, c in drafter.__dict__.get(_ATTR, {}).items()}
-
-
-class ChainSizer:
-    """:class:`DraftBudget` for a chain (one draft token per drafter forward; GLIDE's and EDD's
-    ``assistant_model`` generators): draft token ``k`` has estimate ``e_k = p_1 ... p_k`` (its confidences along the
-    chain). It is kept while ``e_k * T >= E * (c(q + 1) - c(q))``, and another drafter forward runs only if
-    ``worth_drafting(e_k)``; ``budget=None`` keeps every token (the papers' fixed gamma)."""
-
-    def __init__(self, budget: DraftBudget | None):
-        self.budget = budget
-
-    def start(self, scale: float = 1.0) -> None:
-        """A new step: no token drafted, one drafter forward about to run. ``scale``: a :class:`DraftGate`'s
-        correction of the estimates (each capped at 1)."""
-        self.scale, self.reach, self.kept, self.gain = scale, 1.0, 0, 1.0
-        # the kept estimates unscaled; the first drafted token and its estimate, kept or not (DraftGate.verified)
-        self.raw, self.first, self.first_token = 0.0, None, None
-        self.time = 1.0 + (self.budget.drafter_cost if self.budget else 0.0)
-
-    def take(self, confidence: float, token: int | None = None) -> tuple[bool, bool]:
-        """``(keep, more)`` for the token just drafted (id ``token``) with ``confidence``: keep it in the proposal?
-        draft another?"""
-        if self.budget is None:
-            return True, True
-        raw = self.reach * confidence
-        e = min(raw * self.scale, 1.0)
-        if self.first is None:
-            self.first, self.first_token = raw, token
-        step = self.budget.marginal(self.kept)
-        if e * self.time < self.gain * step:
-            return False, False
-        self.reach, self.kept, self.gain, self.raw = raw, self.kept + 1, self.gain + e, self.raw + raw
-        self.time += step
-        more = self.budget.worth_drafting(e, self.kept)
-        if more:
-            self.time += self.budget.drafter_cost
-        return True, more
-
-    def record(self) -> tuple[float, float, int | None]:
-        """The step's record for :meth:`DraftGate.verified`, as :meth:`DraftBudget.keep_checked` builds it: the kept
-        tokens' raw estimates summed and ``T``; when none was kept, the first token's estimate and the token itself
-        (scored for free against what the target emits)."""
-        if self.kept or self.first is None:
-            return self.raw, self.time, None
-        return self.first, self.time, self.first_token
 
 
 class DraftGate:

@@ -1,5 +1,5 @@
 """The drafter's cost c: one draft forward (the drafter's layer over one token, plus its head) over one forward of the
-target over one token, both after the same context and timed on this machine (edd-pct.txt §3.2 calls the two step
+target over one token, both after the same context and timed on this machine (EDD, ACL 2025, §3.2 calls the two step
 times s_d and s_t; c = s_d / s_t). Reported by the bench beside each drafter method, and used by ``draft-vocab`` to
 size a draft vocabulary (c(V) for a V-row head)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hf_compat import CACHE_ARGUMENT
 from .timing import device_of, median, seconds
 
 
@@ -26,11 +27,11 @@ def draft_step_costs(
     device = device_of(target)
     ids = torch.randint(3, target.config.vocab_size, (1, context + 1), device=device)
     cache = verification_cache(target, None)  # the full layers the loops verify into (and GLIDE reads)
-    fwd = {k: v for k, v in (drafter.target_forward_kwargs() or {}).items() if k != "past_key_values"}
-    out = target.base_model(input_ids=ids[:, :-1], past_key_values=cache, **fwd)
+    fwd = {k: v for k, v in (drafter.target_forward_kwargs() or {}).items() if k != CACHE_ARGUMENT}
+    out = target.base_model(input_ids=ids[:, :-1], **{CACHE_ARGUMENT: cache}, **fwd)
 
     def target_step():
-        target(ids[:, -1:], past_key_values=cache, logits_to_keep=1)
+        target(ids[:, -1:], **{CACHE_ARGUMENT: cache}, logits_to_keep=1)
         cache.crop(-1)
 
     step_context = drafter.context_from_features(

@@ -102,8 +102,8 @@ def check_inputs(
     model, input_ids: torch.Tensor, model_kwargs: dict, synced_gpus: bool, name: str, batch: bool = False
 ) -> None:
     """What a loop that verifies drafts with a custom 4D attention mask needs (``name`` says which loop):
-    :func:`check_prompt`, a decoder-only model, ``sdpa`` or ``eager`` attention, no ``synced_gpus``, and no padding
-    at batch size 1 (a batch's left padding is checked by ``batch_decoding.check_left_padded``)."""
+    :func:`check_prompt`, a decoder-only model, ``sdpa`` or ``eager`` attention, no ``synced_gpus``, and, unless
+    ``batch`` (the loop takes left-padded rows: ``batch_decoding.check_left_padded``), no padding."""
     check_prompt(input_ids, name, batch)
     if model.config.is_encoder_decoder:
         raise SpecDecError(f"{name} supports decoder-only models only")
@@ -114,7 +114,7 @@ def check_inputs(
             f"take; load the target with attn_implementation='sdpa' or 'eager'"
         )
     mask = model_kwargs.get("attention_mask")
-    if input_ids.shape[0] == 1 and mask is not None and mask.dim() == 2 and not bool(mask.all()):
+    if not batch and mask is not None and mask.dim() == 2 and not bool(mask.all()):
         raise SpecDecError(f"{name} does not support padded inputs (attention_mask has zeros)")
     if synced_gpus:
         raise SpecDecError(f"{name} does not support synced_gpus")

@@ -22,7 +22,9 @@ class StepFeedback:
     modify it). ``hidden_states`` / ``attentions`` (only when the proposer asked for them) cover the tokens
     this forward added to the cache, in sequence order: the whole prompt for the prefill, the root and the
     accepted nodes for a tree step; hidden states are a per-layer tuple of ``(1, m, hidden)``, attentions a
-    per-layer tuple of ``(1, heads, m, cache_length)`` over the compacted cache.
+    per-layer tuple of ``(1, heads, m, cache_length)`` over the compacted cache. ``logits`` are the forward's
+    float32 logits of the fed ``[root, nodes...]`` (``(1 + n, vocab)``; one row at the prefill: its last token), before
+    any processor: what a proposer that drafts from the verification forward itself reads (SPACE's masks).
     """
 
     input_ids: torch.Tensor
@@ -34,6 +36,7 @@ class StepFeedback:
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     is_prefill: bool = False
+    logits: torch.Tensor | None = None
 
 
 class TreeProposer:

@@ -9,8 +9,8 @@ topological order, ``parents[i] < i``) and a depth (root = 0, its children = 1, 
 
 The verification forward feeds ``[root, node_0, ..., node_{n-1}]`` after the ``P`` cached prefix tokens,
 with position ids ``P + depth`` and a 4D mask in which each fed token sees the whole prefix, its
-ancestors and itself (SpecInfer's tree attention, also used by CAPE, glide-cape.txt §4.2, and PCT,
-edd-pct.txt §3.2). ``docs/tree-verification.md`` has a drawing.
+ancestors and itself (SpecInfer's tree attention, also used by CAPE, GLIDE (arXiv:2402.02082) §4.2, and PCT,
+EDD (ACL 2025) §3.2). ``docs/tree-verification.md`` has a drawing.
 """
 
 from __future__ import annotations

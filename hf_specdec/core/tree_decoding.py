@@ -29,7 +29,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
-from ..hf_compat import cache_of
+from ..hf_compat import CACHE_ARGUMENT, cache_of
 from .acceptance import accept_tree
 from .batch_decoding import assemble, best_depth, check_batch, check_left_padded
 from .generate_io import (
@@ -105,8 +105,10 @@ def tree_generate(
     stopping_criteria = stopping_criteria_or_default(stopping_criteria, cfg)
     stats = stats if stats is not None else DecodeStats()
     masks = LayerMasks(model)  # the masks per layer type (sliding windows)
-    # a batch of one keeps the sequence in order in its cache (kv_cache.PackedCache)
-    if input_ids.shape[0] == 1:
+    # a batch of one keeps the sequence in order in its cache (kv_cache.PackedCache); a padded row is a batch's
+    mask = model_kwargs.get("attention_mask")
+    padded = mask is not None and mask.dim() == 2 and not bool(mask.all())  # read once, before the loop
+    if input_ids.shape[0] == 1 and not padded:
         streamer = resolve_streamer(input_ids, streamer, specdec_streamer, tree_streamer=tree_streamer)
         cache, past = prepare_cache(model, input_ids, model_kwargs)
         layout, pads = PackedCache(cache, masks, past), [0]
@@ -122,7 +124,7 @@ def tree_generate(
         inputs, pads = layout.prefill(input_ids, mask), (mask == 0).sum(1).tolist()
     t0 = tick(device)
     proposer.start(model, input_ids[:1, pads[0] :], cfg)  # a batch: one-time set-up (calibration...) on it
-    rows = [_Row(0, input_ids, 0, proposer)]
+    rows = [_Row(0, input_ids, pads[0], proposer)]
     if len(pads) > 1:  # every row drafts with a shallow copy of the proposer, started on its own row
         rows = [_Row(b, input_ids[b : b + 1], pads[b], copy.copy(proposer)) for b in range(len(pads))]
         for row in rows:
@@ -201,7 +203,7 @@ def _decode(
             input_ids=fed,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=layout.cache,
+            **{CACHE_ARGUMENT: layout.cache},
             use_cache=True,
             output_hidden_states=need_hidden,
             output_attentions=need_attn,
@@ -225,7 +227,7 @@ def _decode(
             m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
             # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
             kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
-            results.append((acc, m, done or row.ids.shape[1] >= max_length, kept))
+            results.append((acc, m, done or row.ids.shape[1] >= max_length, kept, row_logits))
             if outputs.scores is not None or outputs.logits is not None:
                 outputs.add(acc.scores[:m], row_logits[[k - r for k in kept[-m:]]])
             if streamer is not None:
@@ -233,8 +235,8 @@ def _decode(
             record["nodes"] += n
             record["depth"] = max(record["depth"], row.tree.max_depth)
             record["accepted"] += m - 1
-        layout.keep_accepted([kept for *_, kept in results])
-        emitted = sum(m for _, m, _, _ in results)
+        layout.keep_accepted([r[3] for r in results])
+        emitted = sum(r[1] for r in results)
         stats.target_forwards += len(rows)
         stats.batched_forwards += 1
         stats.drafted += record["nodes"]
@@ -245,7 +247,7 @@ def _decode(
 
         t0 = tick(device)
         survivors, feedback = [], []
-        for i, (row, (acc, m, done, kept)) in enumerate(zip(rows, results)):
+        for i, (row, (acc, m, done, kept, row_logits)) in enumerate(zip(rows, results)):
             real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
             keep = host_to_device(real, device) if need_hidden or need_attn else None
             hidden = _gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
@@ -254,7 +256,16 @@ def _decode(
                 _add_states(outputs, hidden, attn, prefix, len(kept), m)
             tree = None if is_prefill else row.tree
             fb = StepFeedback(
-                row.tokens, acc.tokens[:m], m - 1, acc.nodes[: m - 1], tree, None, hidden, attn, is_prefill
+                row.tokens,
+                acc.tokens[:m],
+                m - 1,
+                acc.nodes[: m - 1],
+                tree,
+                None,
+                hidden,
+                attn,
+                is_prefill,
+                row_logits,
             )
             if done:  # a finished row still observes its last forward (its cache view: before rows leave)
                 finished[row.index] = row.ids

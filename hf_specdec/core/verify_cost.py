@@ -19,6 +19,7 @@ from collections import deque
 
 import torch
 
+from ..hf_compat import CACHE_ARGUMENT
 from ..kernels import kernels_of
 from .cost_store import entry_key, lookup, store
 from .timing import DeviceTimer, device_of, median, seconds
@@ -55,11 +56,11 @@ def forward_times(
     cache = verification_cache(model, None)
     device = device_of(model)
     context = context.to(device)
-    model(context[None].repeat(batch, 1), past_key_values=cache, logits_to_keep=1)
+    model(context[None].repeat(batch, 1), **{CACHE_ARGUMENT: cache}, logits_to_keep=1)
 
     def step(q: int) -> None:
         x = context[-q:][None] if q <= context.shape[0] else context[None, :1].repeat(1, q)
-        model(x.repeat(batch, 1), past_key_values=cache, logits_to_keep=q)
+        model(x.repeat(batch, 1), **{CACHE_ARGUMENT: cache}, logits_to_keep=q)
         cache.crop(-q)
 
     sizes = sorted(sizes)

@@ -1,4 +1,4 @@
-"""EDD's own KV cache during decoding (edd-pct.txt §3.1, Fig. 3a): ``[soft prompt ; this round]``.
+"""EDD's own KV cache during decoding (EDD, ACL 2025, §3.1, Fig. 3a): ``[soft prompt ; this round]``.
 
 The soft-prompt part grows only with verified tokens (the target's hidden states of layer ``encoder_layer``), the
 round part (root + drafts) is dropped after each verification. Shared by the chain generator, the tree proposer

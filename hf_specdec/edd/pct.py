@@ -1,6 +1,6 @@
-"""Candidate-tree construction from a drafter's confidences: PCT and the baselines of edd-pct.txt App. A.
+"""Candidate-tree construction from a drafter's confidences: PCT and the baselines of EDD (ACL 2025) App. A.
 
-Vocabulary (edd-pct.txt §3.2):
+Vocabulary (EDD, ACL 2025, §3.2):
 
 - **confidence** ``c`` of a draft token: the drafter's probability for it (its softmax at that node).
 - **acceptance estimate** of a node: ``p_j = prod_{i<=j} c_i`` over the path from the root (§3.2: the

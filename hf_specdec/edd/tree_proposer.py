@@ -1,4 +1,4 @@
-"""EDD candidate trees (edd-pct.txt §3.2, App. A) as a tree-core :class:`TreeProposer`: PCT, VCT, EAGLE-2, chain."""
+"""EDD candidate trees (EDD, ACL 2025, §3.2, App. A) as a tree-core :class:`TreeProposer`: PCT, VCT, EAGLE-2, chain."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class EddTreeProposer(TreeProposer):
     ``pct.TIMED_STEP_EVERY`` with device marks that are read without a sync (``StepTimer``). ``ratio=`` pins it.
 
     Confidences are ``softmax(logits / T)`` with the drafter's calibrated ``config.confidence_temperature``
-    (``trainers/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax).
+    (``trainers/drafters/calibration.py``); ``confidence_temperature=`` overrides it (1.0: the raw softmax).
 
     ``cost`` (PCT only; default on): size the tree by its cost on this machine (``core/draft_budget.py``): a frontier
     node is expanded when its estimate pays for a drafter forward and its verification (eq. 5's s_d/s_t read as the

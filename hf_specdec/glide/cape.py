@@ -1,4 +1,4 @@
-"""CAPE, confidence-aware proposal expansion (glide-cape.txt §4.2), on a GLIDE drafter, verified as a token tree.
+"""CAPE, confidence-aware proposal expansion (GLIDE, arXiv:2402.02082, §4.2), on a GLIDE drafter, verified as a token tree.
 
 Usage (one keyword, like the other methods)::
 
@@ -39,7 +39,7 @@ are likely enough to pay for that drafter forward, and the tree keeps only the t
 verification (``core/draft_budget.py`` derives the rule). Where ``c`` is flat and the drafter cheap (a GPU) this
 keeps the paper's tree; ``cape_cost=False`` always does.
 
-The drafter keeps its own self-attention cache across steps (``glide.candidate_generator.GlideDraftCache``, shared with the
+The drafter keeps its own self-attention cache across steps (``glide.draft_cache.GlideDraftCache``, shared with the
 chain generator): it is cropped to the committed tokens it already holds, so only the tokens after it (the
 accepted expansion token or bonus token, and the root) are fed on the next step.
 """
@@ -60,7 +60,7 @@ from ..core.tree_decoding import StepFeedback, TreeProposer, tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 from ..shipped import shipped_drafter
-from .candidate_generator import GlideDraftCache
+from .draft_cache import GlideDraftCache
 from .expansion import (
     CHAIN,
     DEFAULT_EXPANSION,
@@ -222,14 +222,35 @@ class CapeProposer(TreeProposer):
         return cape_tree(proposal, expansions, input_ids.device)
 
 
-def chain_proposer(drafter, logits_processor: LogitsProcessorList | None = None) -> CapeProposer:
-    """GLIDE's (or the vanilla drafter's) chain of gamma tokens (``generation_config.num_assistant_tokens``) as a tree
-    proposer: CAPE without expansion sets (:data:`CHAIN`) or cost trimming; what ``target.generate(**batch,
-    assistant_model=drafter)`` drafts at batch size > 1 (``core/assisted.py``). Each draft is the argmax of the
-    drafter's distribution (after ``logits_processor``): deterministic, so the tree core verifies it losslessly
+def chain_proposer(
+    drafter,
+    target=None,
+    logits_processor: LogitsProcessorList | None = None,
+    input_ids: torch.Tensor | None = None,
+    model_kwargs: dict | None = None,
+) -> CapeProposer:
+    """GLIDE's (or the vanilla drafter's) chain of up to gamma tokens (``generation_config.num_assistant_tokens``) as a
+    tree proposer: CAPE without expansion sets (:data:`CHAIN`); what ``target.generate(**inputs,
+    assistant_model=drafter)`` drafts (``core/assisted.py``). With the drafter's ``chain_cost`` on (the default) and
+    the call's ``input_ids``, the chain is sized by its cost on this machine and gated by what it yields, as CAPE's
+    trees are (``core/draft_budget.py``); else it is always gamma tokens (the papers). Each draft is the argmax of
+    the drafter's distribution (after ``logits_processor``): deterministic, so the tree core verifies it losslessly
     greedily and with sampling (one-hot q)."""
+    budget, gate = None, None
+    if getattr(drafter, "chain_cost", False) and target is not None and input_ids is not None:
+        if drafter.target is not target:
+            drafter.attach_target(target)
+        rows = input_ids.shape[0]
+        curve = measured_cost(target, first_row(input_ids, model_kwargs or {}), batch=rows)
+        budget = DraftBudget(curve, measured_drafter_cost(drafter, target), rows)
+        gate = shared_gate(drafter, target) if rows == 1 else None
     return CapeProposer(
-        drafter, chain_length(drafter), expansion=CHAIN, logits_processor=logits_processor, budget=None
+        drafter,
+        chain_length(drafter),
+        expansion=CHAIN,
+        logits_processor=logits_processor,
+        budget=budget,
+        gate=gate,
     )
 
 

@@ -1,4 +1,4 @@
-"""CAPE's expansion sets and their tree (glide-cape.txt §4.2), apart from the drafter that proposes them.
+"""CAPE's expansion sets and their tree (GLIDE, arXiv:2402.02082, §4.2), apart from the drafter that proposes them.
 
 - **S(p)**: the size ``K`` of the expansion set of a proposal token of confidence ``p`` (:data:`DEFAULT_EXPANSION`).
 - **expansion set** ``X_i``: the ``S(p_i)`` next-best tokens of the draft distribution that gave the proposal token

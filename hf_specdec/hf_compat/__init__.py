@@ -8,14 +8,11 @@ checks every entry against the installed transformers and fails naming the entry
 
 Entries:
 
-- ``candidate_generator_hook``: ``GenerationMixin._get_candidate_generator``, the method transformers' assisted
-  loop asks for its ``CandidateGenerator``. hf_specdec wraps it (``core/assisted.py``) so that GLIDE/EDD drafters
-  supply their own generator.
 - ``assisted_decoding``: ``GenerationMixin._assisted_decoding``, transformers' assisted loop (what
   ``generate(assistant_model=...)`` runs). PLD+ runs it with its own generator (the model instance answers
   ``_get_candidate_generator`` with it for the duration of the call), and hf_specdec wraps it (``core/assisted.py``)
-  so that a batch with a GLIDE/EDD drafter as ``assistant_model`` runs the batched tree loop instead of
-  transformers' "batch_size = 1" error; the wrapper reads the parameters in :data:`ASSISTED_DECODING_PARAMETERS`.
+  so that a GLIDE/EDD drafter as ``assistant_model`` runs the tree core's loop (any other call goes to transformers'
+  loop as given); the wrapper reads the parameters in :data:`ASSISTED_DECODING_PARAMETERS`.
 - ``generation_mode_hook``: ``GenerationMixin._validate_generation_mode``, the check ``generate`` runs on every call
   once it knows the generation mode, before preparing anything. hf_specdec wraps it (``core/assisted.py``) so that
   ``generate(assistant_model=<an hf_specdec drafter>, num_beams=2, ...)`` is refused by name
@@ -63,7 +60,6 @@ from .cache_layers import (
 )
 
 ENTRIES = (
-    "candidate_generator_hook",
     "assisted_decoding",
     "generation_mode_hook",
     "attn_implementation",
@@ -89,13 +85,10 @@ __all__ = [
     "assisted_decoding_arguments",
     "assisted_decoding_hook",
     "attn_implementation",
-    "candidate_generator_arguments",
-    "candidate_generator_hook",
     "generation_mode_arguments",
     "generation_mode_hook",
     "set_assisted_decoding_hook",
     "set_generation_mode_hook",
-    "set_candidate_generator_hook",
     "set_layer_entries",
     "truncate_layer",
     "OverallocatedLayer",
@@ -103,38 +96,12 @@ __all__ = [
     "overallocate_layers",
 ]
 
-# ------------------------------------------------------------------ candidate_generator_hook
-ORIGINAL_GET_CANDIDATE_GENERATOR = GenerationMixin._get_candidate_generator
-# the parameters (after self) we read from a call; everything is passed through to the original unchanged
-CANDIDATE_GENERATOR_PARAMETERS = (
-    "generation_config",
-    "input_ids",
-    "logits_processor",
-    "model_kwargs",
-    "assistant_model",
-)
-
-
-def candidate_generator_hook():
-    """The method transformers' assisted loop calls for its candidate generator (whatever is installed now)."""
-    return GenerationMixin._get_candidate_generator
-
-
-def set_candidate_generator_hook(hook) -> None:
-    """Install ``hook(self, *args, **kwargs)`` as ``GenerationMixin._get_candidate_generator``."""
-    GenerationMixin._get_candidate_generator = hook
-
 
 def _bind(original, model, args: tuple, kwargs: dict) -> dict:
     """A call's arguments by name (``self`` first), bound to ``original``'s signature, defaults filled in."""
     bound = inspect.signature(original).bind(model, *args, **kwargs)
     bound.apply_defaults()
     return bound.arguments
-
-
-def candidate_generator_arguments(model, args: tuple, kwargs: dict) -> dict:
-    """A call's arguments by name, bound to transformers' own signature (defaults filled in)."""
-    return _bind(ORIGINAL_GET_CANDIDATE_GENERATOR, model, args, kwargs)
 
 
 # ------------------------------------------------------------------ assisted_decoding

@@ -1,4 +1,5 @@
-"""PLD+ (pld-plus.txt §4, App. B, App. D): prompt lookup whose occurrences are ranked with the target's own artifacts.
+"""PLD+: Somasundaram et al., "PLD+: Accelerating LLM inference by leveraging Language Model Artifacts"
+(arXiv:2412.01447), §4, App. B, App. D: prompt lookup whose occurrences are ranked with the target's own artifacts.
 
 Prompt lookup decoding (PLD, transformers' ``prompt_lookup_num_tokens``) drafts the tokens that followed an
 earlier n-gram match in the context. PLD+ matches only the last token ``x_t`` (eq. 1: the occurrences

@@ -1,4 +1,4 @@
-"""Selected-head attention capture for PLD+(a) (pld-plus.txt §4.2.1) and ``find-heads``.
+"""Selected-head attention capture for PLD+(a) (PLD+, arXiv:2412.01447, §4.2.1) and ``find-heads``.
 
 A model on ``sdpa`` attention returns no attention weights; this computes the weights of a few selected heads next
 to the model's own kernel, through a thin registered attention function (``_attention_with_selected_weights``),

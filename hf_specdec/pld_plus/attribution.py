@@ -1,4 +1,4 @@
-"""Attribution of copied spans (pld-plus.txt App. D): where in the context each accepted copy came from."""
+"""Attribution of copied spans (PLD+, arXiv:2412.01447, App. D): where in the context each accepted copy came from."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class CopiedSpan:
 
 @dataclass
 class PLDPlusGenerateOutput(GenerateDecoderOnlyOutput):
-    """``GenerateDecoderOnlyOutput`` plus ``attribution``: the :class:`CopiedSpan` list (pld-plus.txt App. D)."""
+    """``GenerateDecoderOnlyOutput`` plus ``attribution``: the :class:`CopiedSpan` list (PLD+, arXiv:2412.01447, App. D)."""
 
     attribution: list[CopiedSpan] | None = None
 

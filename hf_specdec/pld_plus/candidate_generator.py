@@ -1,4 +1,4 @@
-"""PLD+ drafting (pld-plus.txt §4.2-4.3) as a transformers ``CandidateGenerator``: the artifacts of each
+"""PLD+ drafting (PLD+, arXiv:2412.01447, §4.2-4.3) as a transformers ``CandidateGenerator``: the artifacts of each
 verification forward (hidden state ``l``, or the induction heads' attention rows) rank the occurrences of the last
 token, and the tokens after the best one are the draft."""
 
@@ -33,7 +33,7 @@ def resolve_layer(model, layer: int | None) -> int:
 
 
 class PLDPlusCandidateGenerator(CandidateGenerator):
-    """PLD+ drafting (pld-plus.txt §4.2-4.3) as a transformers ``CandidateGenerator``.
+    """PLD+ drafting (PLD+, arXiv:2412.01447, §4.2-4.3) as a transformers ``CandidateGenerator``.
 
     It asks the assisted-decoding loop for the verification forward's outputs (``requires_model_outputs``) with
     ``model_kwargs_overrides`` = hidden state ``l`` only (PLD+(h)) or the attentions (PLD+(a), see

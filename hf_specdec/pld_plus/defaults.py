@@ -1,4 +1,4 @@
-"""PLD+'s tuned defaults (pld-plus.txt App. B; ``hf-specdec pld-tune``, docs/pld-plus.md "Tuning")."""
+"""PLD+'s tuned defaults (PLD+, arXiv:2412.01447, App. B; ``hf-specdec pld-tune``, docs/pld-plus.md "Tuning")."""
 
 # Defaults tuned on the `summarize` task only (`hf-specdec pld-tune`, docs/pld-plus.md "Tuning"): layer 14 of
 # SmolLM2's 30 (stored as a fraction of the depth so that it transfers to other depths), adaptive K with the priors

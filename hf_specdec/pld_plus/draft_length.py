@@ -1,4 +1,4 @@
-"""How many tokens PLD+ drafts per step (pld-plus.txt §4.3's K): fixed, or adaptive to the verification cost."""
+"""How many tokens PLD+ drafts per step (PLD+, arXiv:2412.01447, §4.3's K): fixed, or adaptive to the verification cost."""
 
 from __future__ import annotations
 

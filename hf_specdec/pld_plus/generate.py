@@ -1,4 +1,4 @@
-"""``hf_specdec.pld_plus``: PLD+ as a ``custom_generate`` function (pld-plus.txt §4, App. D).
+"""``hf_specdec.pld_plus``: PLD+ as a ``custom_generate`` function (PLD+, arXiv:2412.01447, §4, App. D).
 
 Usage::
 

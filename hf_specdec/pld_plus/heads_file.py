@@ -1,4 +1,4 @@
-"""The heads file of PLD+(a) (pld-plus.txt §4.2.1): write, read and check it; the named targets' shipped files.
+"""The heads file of PLD+(a) (PLD+, arXiv:2412.01447, §4.2.1): write, read and check it; the named targets' shipped files.
 
 JSON (``FORMAT``): the target's fingerprint (``target.target_fingerprint``), the task and counts it was made from,
 and ``heads``: ``[{"layer": l, "head": g, "score": hit_rate}, ...]`` best first. ``layer`` indexes the decoder

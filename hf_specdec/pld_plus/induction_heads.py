@@ -1,4 +1,4 @@
-"""Induction heads for PLD+(a) (pld-plus.txt §4.2.1, §5.5, App. B.1): find them and write the heads file.
+"""Induction heads for PLD+(a) (PLD+, arXiv:2412.01447, §4.2.1, §5.5, App. B.1): find them and write the heads file.
 
 Identification (§4.2.1): generate greedy outputs for a set of prompts; for every generated token ``o_t`` that occurs
 earlier in the context, take the occurrence ``r*`` with the longest common suffix with the output so far (the
@@ -125,7 +125,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "find-heads",
         help="find a model's induction heads for PLD+(a) and write a heads file",
-        description="pld-plus.txt §4.2.1: greedy-generate for the task's prompts and rank every attention head by "
+        description="PLD+ (arXiv:2412.01447) §4.2.1: greedy-generate for the task's prompts and rank every attention head by "
         "how often its maximum attention falls on the context position the generated token was copied from.",
     )
     add_model_arguments(p, "--model", "a causal LM")

@@ -1,4 +1,4 @@
-"""Ranking the occurrences of the last token (pld-plus.txt §4.1-4.2, eq. 1-3)."""
+"""Ranking the occurrences of the last token (PLD+, arXiv:2412.01447, §4.1-4.2, eq. 1-3)."""
 
 from __future__ import annotations
 

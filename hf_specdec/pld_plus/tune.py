@@ -1,4 +1,4 @@
-"""``hf-specdec pld-tune``: PLD+'s hyper-parameters (K, layer l, number of heads) on one task (pld-plus.txt §5.5).
+"""``hf-specdec pld-tune``: PLD+'s hyper-parameters (K, layer l, number of heads) on one task (PLD+, arXiv:2412.01447, §5.5).
 
 Greedy verification accepts the longest prefix of a draft that equals the target's own greedy continuation, so for
 greedy decoding the whole PLD+ run is determined by the plain greedy output: this command generates it once per

@@ -1,4 +1,4 @@
-"""A SAR-SFT model as a small ``peft`` LoRA adapter (space.txt §3.1), loaded onto its base model and merged.
+"""A SAR-SFT model as a small ``peft`` LoRA adapter (SPACE, arXiv:2402.11809, §3.1), loaded onto its base model and merged.
 
 The package ships one for the default target (``resources/space-smollm2``, trained by ``hf-specdec train space``;
 the command is on its card), so ``custom_generate=hf_specdec.space``, ``hf-specdec demo --method space`` and

@@ -1,5 +1,5 @@
-"""SPACE's mask token ``[M]`` (space.txt §3.1, §4.1): one added special token with its own embedding row, shared by
-SAR-SFT training (``trainers/space.py``) and by loading a SAR-SFT adapter onto its base model (``adapter.py``)."""
+"""SPACE's mask token ``[M]`` (SPACE, arXiv:2402.11809, §3.1, §4.1): one added special token with its own embedding row, shared by
+SAR-SFT training (``trainers/space/train.py``) and by loading a SAR-SFT adapter onto its base model (``adapter.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Calibrating a drafter's confidences for PCT (edd-pct.txt §3.2): ``hf-specdec calibrate --drafter DIR``.
+"""Calibrating a drafter's confidences for PCT (EDD, ACL 2025, §3.2): ``hf-specdec calibrate --drafter DIR``.
 
 PCT estimates a node's acceptance probability as the product of the drafter's confidences on its path,
 ``p_j = prod c_i``, because the paper finds the confidences *calibrated*: a token drafted with confidence ``c``

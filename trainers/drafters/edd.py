@@ -1,4 +1,4 @@
-"""Train an EDD drafter for a target (edd-pct.txt §3.1, App. B): ``hf-specdec train edd --output-dir DIR``.
+"""Train an EDD drafter for a target (EDD, ACL 2025, §3.1, App. B): ``hf-specdec train edd --output-dir DIR``.
 
 Data: ShareGPT conversations in the target's chat template, packed into blocks, assistant tokens supervised
 (``trainers/data/chat.py``), with a validation split. Each step the frozen target encodes the batch under no_grad
@@ -100,7 +100,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     intro = [
         f"# EDD drafter for {info['target']['name']}",
         "",
-        "An Effective Draft Decoder (edd-pct.txt §3.1) for lossless speculative decoding with `hf_specdec`: one "
+        "An Effective Draft Decoder (EDD, ACL 2025, §3.1) for lossless speculative decoding with `hf_specdec`: one "
         "decoder layer of the target's architecture reading the target's hidden states as a soft prompt. Embedding "
         "and LM head are the target's and are not stored here. Use with",
         "",

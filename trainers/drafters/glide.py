@@ -1,4 +1,4 @@
-"""Train a GLIDE drafter (or, with --no-cross-attention, the vanilla drafter) for a target (glide-cape.txt §4.1).
+"""Train a GLIDE drafter (or, with --no-cross-attention, the vanilla drafter) for a target (GLIDE, arXiv:2402.02082, §4.1).
 
 Data: ShareGPT conversations in the target's chat template, packed into blocks, assistant tokens supervised
 (``trainers/data/chat.py``), with a validation split. The frozen target runs under no_grad on every batch to produce
@@ -98,7 +98,7 @@ def write_model_card(out_dir: str | Path, info: dict) -> Path:
     intro = [
         f"# {kind} for {info['target']['name']}",
         "",
-        "A draft model for lossless speculative decoding with `hf_specdec` (glide-cape.txt §4.1). Embedding and LM "
+        "A draft model for lossless speculative decoding with `hf_specdec` (GLIDE, arXiv:2402.02082, §4.1). Embedding and LM "
         "head are the target's and are not stored here; load with",
         "",
         *usage_snippet("glide", out_dir, info["target"].get("name")),

@@ -1,4 +1,4 @@
-"""Drafter training losses (edd-pct.txt §3.1).
+"""Drafter training losses (EDD, ACL 2025, §3.1).
 
 - ``kl_loss``: eq. 4, ``D_KL(P_t || P_d) = sum_x P_t(x) log(P_t(x) / P_d(x))`` between the target's next-token
   distribution ``P_t`` (obtained for free while the frozen target encodes the text) and the drafter's ``P_d``,
@@ -6,7 +6,7 @@
   whole distribution, which is what the acceptance rate depends on.
 - ``ce_loss``: cross entropy against the data's next tokens (the "w/o KL divergence" ablation, Table 3).
 
-And the acceptance rate the papers report (glide-cape.txt §5 "Metrics", after Leviathan et al. 2023):
+And the acceptance rate the papers report (GLIDE, arXiv:2402.02082, §5 "Metrics", after Leviathan et al. 2023):
 
 - ``expected_acceptance``: ``beta = sum_x min(P_t(x), P_d(x))``, the probability that speculative sampling accepts
   a token sampled from the drafter; alpha is its mean over positions.
@@ -56,7 +56,7 @@ def draft_loss(
 def expected_acceptance(
     target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_vocab_ids: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Per row, ``beta = sum_x min(P_t(x), P_d(x))`` (glide-cape.txt §5: alpha = E[beta]).
+    """Per row, ``beta = sum_x min(P_t(x), P_d(x))`` (GLIDE, arXiv:2402.02082, §5: alpha = E[beta]).
 
     ``target_logits`` is ``(N, V)`` over the target's whole vocabulary; ``draft_logits`` is ``(N, V_d)``, over
     ``draft_vocab_ids`` (a reduced draft vocabulary: the drafter puts no mass elsewhere) or over the same ``V``.
@@ -81,7 +81,7 @@ def top_k_kl_loss(draft_logits: torch.Tensor, ids: torch.Tensor, logp: torch.Ten
     """Mean over rows of ``KL(P_k || P_d)`` where ``P_k`` is the target's distribution renormalised over its top-k
     tokens ``ids`` (``(N, k)`` draft-vocabulary columns, -100 for a token the draft vocabulary lacks, which is left
     out) with log-probabilities ``logp``; ``P_d`` is the drafter's softmax over its vocabulary. Eq. 4 of
-    edd-pct.txt with the teacher truncated to its top k (the form a feature store can hold)."""
+    EDD (ACL 2025) with the teacher truncated to its top k (the form a feature store can hold)."""
     if draft_logits.shape[0] == 0:
         return draft_logits.sum() * 0.0
     keep = ids >= 0

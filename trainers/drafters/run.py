@@ -49,7 +49,7 @@ class DrafterRecipe:
 
     - ``build(args, target) -> drafter``: the drafter for ``target`` (on the target's device, not yet attached);
     - ``loss(args, drafter) -> (kind, kl_weight)``: ``DrafterTrainer``'s loss (``"ce"`` plus ``kl_weight`` x KL,
-      or ``"kl"``, eq. 4 of edd-pct.txt);
+      or ``"kl"``, eq. 4 of EDD (ACL 2025));
     - ``architecture(args, drafter, coverage) -> str``: the card's architecture line;
     - ``after_training(trainer) -> dict``: extra card entries after the final evaluation (may be empty);
     - ``measure(target, tokenizer, drafter, prompts) -> dict``: the card's quick greedy measurement;

@@ -1,9 +1,9 @@
 """``DrafterTrainer``: a ``transformers.Trainer`` for drafters that learn from a frozen target (GLIDE, EDD).
 
 Each step runs the frozen target under ``no_grad`` on the batch to produce what the drafter reads (GLIDE: the
-target's KV cache, seen through the block-wise mask of glide-cape.txt §4.1; EDD: hidden states), then trains
+target's KV cache, seen through the block-wise mask of GLIDE (arXiv:2402.02082) §4.1; EDD: hidden states), then trains
 the drafter with cross entropy on the data's next tokens (assistant tokens only, see ``trainers/data/chat.py``),
-plus an optional KL(p_target || q_draft) term (``kl_weight``; glide-cape.txt App. B reports distillation as a
+plus an optional KL(p_target || q_draft) term (``kl_weight``; GLIDE (arXiv:2402.02082) App. B reports distillation as a
 small gain). Only the drafter's parameters are trained; the target is not part of the model, so checkpoints
 hold the drafter alone and a run continues from the last one (``run_support.resume_point``).
 
@@ -51,7 +51,7 @@ IGNORE_INDEX = -100
 
 class DrafterTrainer(Trainer):
     """``loss``: ``"ce"`` (cross entropy on the data's tokens, plus ``kl_weight`` x KL) or ``"kl"`` (KL(P_t || P_d)
-    alone, edd-pct.txt eq. 4; ``trainers/drafters/losses.py``); ``ttt_steps`` / ``ttt_decay``:
+    alone, EDD (ACL 2025) eq. 4; ``trainers/drafters/losses.py``); ``ttt_steps`` / ``ttt_decay``:
     ``trainers/drafters/unrolled.py``."""
 
     def __init__(

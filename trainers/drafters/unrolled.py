@@ -5,9 +5,9 @@ arXiv:2503.01840), for EDD and GLIDE alike (``DrafterTrainer(ttt_steps=, ttt_dec
 Both drafters are trained teacher-forced: every input token is the data's. At inference they draft in rounds: the
 round starts from the last committed token (the target's bonus token) and every later input of the round is the
 drafter's own previous draft (greedy: its argmax over the draft vocabulary).
-The training masks already cut the sequence into such rounds: EDD's dual-block mask (edd-pct.txt §3.1, Fig. 3a,
+The training masks already cut the sequence into such rounds: EDD's dual-block mask (EDD, ACL 2025, §3.1, Fig. 3a,
 eq. 3: a token of block ``j`` sees the soft prompt of blocks ``< j`` and its own block's tokens) and GLIDE's
-block-wise cross-attention mask (glide-cape.txt §4.1: a query of block ``j`` sees the target's cache of blocks
+block-wise cross-attention mask (GLIDE, arXiv:2402.02082, §4.1: a query of block ``j`` sees the target's cache of blocks
 ``< j``). Position ``i`` of a block of length ``L`` is a round start when ``i % L == 0``; every other position's
 input is, at inference, a drafted token (``modeling/masks.drafted_positions``).
 

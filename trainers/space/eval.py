@@ -1,4 +1,4 @@
-"""Mask top-1 of a SAR-SFT model: the validation figure that predicts SPACE's acceptance (space.txt §3.1 eq. 3).
+"""Mask top-1 of a SAR-SFT model: the validation figure that predicts SPACE's acceptance (SPACE, arXiv:2402.11809, §3.1 eq. 3).
 
 The validation loss of ``train space`` mixes eq. 3's AR terms with its ``k`` mask terms, and the AR terms are
 almost all of them (a SAR sample scores its whole answer prefix and ``k`` masks), so it says little about the

@@ -1,4 +1,4 @@
-"""SAR-SFT of a causal LM for SPACE auto-correct decoding (space.txt §3.1, §4.1, App. A.1).
+"""SAR-SFT of a causal LM for SPACE auto-correct decoding (SPACE, arXiv:2402.11809, §3.1, §4.1, App. A.1).
 
 ``hf-specdec train space --k 5 --p-ar 0.5``: adds the mask token ``[M]`` (special token + one embedding row,
 normal init as in §4.1), fine-tunes on ShareGPT (or ``--corpus``) with ``SpaceDataCollator`` through a plain
