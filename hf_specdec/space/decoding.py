@@ -42,10 +42,10 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..core.acceptance import processed_scores
 from ..core.draft_budget import DraftBudget, DraftGate, shared_gate
-from ..core.generate_io import check_generation_mode, first_row
+from ..core.generate_io import check_generation_mode, check_prompt, first_row
 from ..core.proposer import StepFeedback, TreeProposer
 from ..core.stats import DecodeStats
-from ..core.tree import ROOT, TokenTree
+from ..core.tree import ROOT, TokenTree, host_to_device
 from ..core.tree_decoding import tree_generate
 from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
@@ -70,7 +70,7 @@ def space_tree(candidates: list[int], k: int, mask_token_id: int, draft_probs=No
     if draft_probs is not None and len(candidates):
         probs = torch.zeros(len(tokens), draft_probs.shape[-1], device=draft_probs.device)
         probs[:, mask_token_id] = 1.0
-        chain = torch.tensor([(i + 1) * (k + 1) - 1 for i in range(len(candidates))], device=probs.device)
+        chain = host_to_device([(i + 1) * (k + 1) - 1 for i in range(len(candidates))], probs.device)
         probs[chain] = draft_probs.to(probs)
     return TokenTree(tokens, parents, probs, device)
 
@@ -249,6 +249,7 @@ def space_generate(
     """
     cfg = generation_config or model.generation_config
     check_generation_mode(cfg, "SPACE decoding")
+    check_prompt(input_ids, "SPACE decoding", batch=True)
     k, mask_id = _space_config(model, num_masks, mask_token_id)
     rows = input_ids.shape[0]  # a batch's rows share each verification forward (DraftBudget)
     budget = candidate_budget(model, first_row(input_ids, model_kwargs), k, space_cost, rows)
