@@ -1,4 +1,4 @@
-"""Drafter layers of the target's own architecture (issue #33): the config and module classes a drafter layer is
+"""Drafter layers of the target's own architecture: the config and module classes a drafter layer is
 built from, taken from the target's config through transformers' own registry (never from code in a checkpoint).
 
 EDD's decoder (EDD, ACL 2025, §3.1) and GLIDE's decoder layers (GLIDE, arXiv:2402.02082, §4.1) are "a layer of the target":

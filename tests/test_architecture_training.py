@@ -1,4 +1,4 @@
-"""Training on tiny targets of six architectures (issue #33, ``tests/tiny_architectures.py``): a few steps of GLIDE and
+"""Training on tiny targets of six architectures (``tests/tiny_architectures.py``): a few steps of GLIDE and
 EDD through ``DrafterTrainer`` and of SPACE's SAR-SFT (LoRA + the ``[M]`` row, ``trainers/space/train.py``) on each
 lower the loss; the drafters' checkpoints reload with ``from_pretrained(..., target=target)`` and give the same
 logits, the SPACE adapter loads onto its base (``load_space_model``) as the trained model and decodes losslessly.

@@ -1,4 +1,4 @@
-"""Every method on tiny targets of six architectures (issue #33, ``tests/tiny_architectures.py``): Llama, Qwen2 (attention
+"""Every method on tiny targets of six architectures (``tests/tiny_architectures.py``): Llama, Qwen2 (attention
 biases), Qwen3 (q/k norms), Gemma 3 (sandwich norms, sliding and full-attention layers), Mistral (sliding window) and
 Phi-3 (fused projections, partial rotary). PLD+(h) and PLD+(a), GLIDE's chain and CAPE, EDD's chain and PCT, SPACE,
 at batch 1 and in a left-padded batch of 4, each token-identical to plain greedy ``generate``, drafting past the

@@ -1,4 +1,4 @@
-"""The chain drafters take a batch (issue #17): ``target.generate(**batch, assistant_model=drafter)`` with a GLIDE,
+"""The chain drafters take a batch: ``target.generate(**batch, assistant_model=drafter)`` with a GLIDE,
 vanilla or EDD drafter runs the batched tree loop (``core/assisted.py``): every row equals that row alone, rows end on
 their own, a batch of one stays in transformers' assisted loop, sampling follows the target per row; and the shipped
 drafters on the real target (with ``glide_cape`` and the PCT tree) equal each row alone in fp32."""

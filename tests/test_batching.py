@@ -1,4 +1,4 @@
-"""Batched speculative decoding (issue #17, ``core/batch_decoding.py``, ``core/ragged_cache.py``): every row of a
+"""Batched speculative decoding (``core/batch_decoding.py``, ``core/ragged_cache.py``): every row of a
 left-padded batch equals generating that row alone, rows accept different counts in one step, rows end on their
 own, a batch of one is today's path, sampling follows the target per row, and bad batches get clear errors."""
 

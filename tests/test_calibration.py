@@ -172,7 +172,7 @@ def test_train_edd_ends_calibrated_and_records_it(tmp_path, capsys):
         in (out / "README.md").read_text()
     )
     # the run saved checkpoint-2: a fresh run there (--no-resume) stops before anything loads, and keeps it; the
-    # same command without it goes on from step 2 (issue #32 point 3: a stopped run loses at most a few minutes)
+    # same command without it goes on from step 2 (a stopped run loses at most a few minutes)
     weights = (out / "checkpoint-2" / "model.safetensors").read_bytes()
     assert main([*argv, "--draft-vocab", "1024", "--no-resume", "--model", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err

@@ -409,7 +409,7 @@ def test_draft_budget_keeps_the_cape_tokens_that_pay_for_their_verification():
     # so 0.18 needs 0.199 and the tree stops
     assert DraftBudget(CostCurve.linear(0.12)).keep(estimates, depths) == [0, 1, 3]
     assert DraftBudget(CostCurve.linear(0.6)).keep(estimates, depths) == []  # too dear: no draft at all
-    # in a batch of 2 rows a node's marginal cost counts twice (issue #17)
+    # in a batch of 2 rows a node's marginal cost counts twice
     assert DraftBudget(CostCurve.linear(0.06), rows=2).keep(estimates, depths) == [0, 1, 3]
     # the drafter forwards already spent (3 x 0.5) lower E / T, hence the bar: 0.18, 0.135 and 0.1 pay too
     assert DraftBudget(CostCurve.linear(0.12), 0.5).keep(estimates, depths, forwards=3) == [0, 1, 3, 4, 6, 7]

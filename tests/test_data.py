@@ -1,6 +1,6 @@
 """The regenerated corpora kept in the repository (``data/regen/``, data/README.md) are what their command makes: each
-shard holds, in order, the bench-filtered ShareGPT conversations its index covers, none overlapping a bench text
-(issue #32), with the recorded settings of the current format and bench filter. A corpus committed from another
+shard holds, in order, the bench-filtered ShareGPT conversations its index covers, none overlapping a bench text,
+with the recorded settings of the current format and bench filter. A corpus committed from another
 order, filter or format fails here, as does one that a change of the bench tasks has made stale."""
 
 from __future__ import annotations

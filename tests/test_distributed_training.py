@@ -99,7 +99,7 @@ def test_torchrun_two_processes_equal_one_process_with_the_same_global_batch(rea
     assert "x2 processes" in two["card"]["budget"]
     # the card's command is the one that ran, however it was started (here `python -m hf_specdec.cli`)
     assert one["card"]["command"].startswith(f"hf-specdec train edd --output-dir {tmp_path / 'one'} ")
-    # the training speed and the machine it was measured on (issue #32: tokens per hour, before and after bf16)
+    # the training speed and the machine it was measured on (tokens per hour, before and after bf16)
     assert one["card"]["train_tokens_per_hour"] > 0 and " threads, " in one["card"]["machine"]
     # --no-card-cost: c is not timed (test_calibration checks a card that has it)
     assert "cost" not in one["card"]

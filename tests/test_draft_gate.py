@@ -1,4 +1,4 @@
-"""The cost rule checked against verification (``core/draft_budget.DraftGate``, issue #31 point 3): drafting stops
+"""The cost rule checked against verification (``core/draft_budget.DraftGate``): drafting stops
 when it has not been paying, probes come back at growing gaps, the drafter's estimates are scaled by what was
 accepted; on CAPE, PCT and SPACE a draft too dear for the machine is not drafted, and the output does not change."""
 

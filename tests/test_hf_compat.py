@@ -1,6 +1,6 @@
 """hf_specdec/hf_compat.py: one test per entry (named ``test_<entry>``), each failing with the entry's name when
 the installed transformers changes what the entry relies on; plus the guard that no transformers private name is
-used outside hf_compat.py, and the assisted hook's pass-through and no-silent-fallback behaviour (issue #18)."""
+used outside hf_compat.py, and the assisted hook's pass-through and no-silent-fallback behaviour."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The step costs its forwards (issue #31): greedy acceptance in tensors, host syncs per step, the bench's split."""
+"""The step costs its forwards: greedy acceptance in tensors, host syncs per step, the bench's split."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_drafter_meter_times_the_drafter_and_restores_it():
 
 
 def test_space_greedy_step_reads_the_device_at_most_twice():
-    """SPACE's greedy step (issue #31: <= 2 host syncs per step): the acceptance and the next candidates, one read
+    """SPACE's greedy step (<= 2 host syncs per step): the acceptance and the next candidates, one read
     each; the sequence and the verified chain stay on the host (the step read them back before)."""
     from hf_specdec.space.decoding import space_generate
 

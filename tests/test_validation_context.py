@@ -1,4 +1,4 @@
-"""Validation on whole conversations (``--eval-context conversation``, issue #32 point 4): each held-out row starts
+"""Validation on whole conversations (``--eval-context conversation``): each held-out row starts
 where its conversation starts, as the context does when decoding, and rows of several lengths batch without changing
 any figure."""
 

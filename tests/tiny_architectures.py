@@ -1,4 +1,4 @@
-"""Tiny random-weight targets of six decoder architectures (issue #33): the factories the architecture tests
+"""Tiny random-weight targets of six decoder architectures: the factories the architecture tests
 (``test_architectures*.py``) run every method on. Hidden size 64, GQA (4 query heads over 2 KV heads) where the
 architecture has it, a small vocabulary; each keeps what makes its architecture different from Llama."""
 

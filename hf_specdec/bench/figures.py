@@ -1,5 +1,5 @@
 """From the bench's records to its figures: a (method, task)'s speed, tau, alpha and losslessness (:func:`aggregate`),
-the drafter cost c per method, the costs the drafts were sized by (:func:`sizing_costs`), and the per-step split (issue #31): where a step's time goes (target forwards, drafter forwards, overhead),
+the drafter cost c per method, the costs the drafts were sized by (:func:`sizing_costs`), and the per-step split: where a step's time goes (target forwards, drafter forwards, overhead),
 in ms and in one-token forwards of the same run, and the host syncs per step of the untimed counting pass. The meters
 that fill the records are ``core/stats.ForwardMeter`` / ``DrafterMeter`` and ``core/host_syncs.HostSyncCounter``
 (through ``methods.metered`` / ``run_row``); ``docs/results.md#how-the-bench-measures`` explains the table."""

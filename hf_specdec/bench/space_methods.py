@@ -18,7 +18,7 @@ Which weights ``space`` decodes:
 When ``space`` decodes a model of its own, its lossless column is against plain greedy ``generate`` of that model
 (run by the bench, untimed) and its speedup is over ``ar`` on the bench's target (``bench/own_models.py``); the
 report's model line says so. ``--option space_masks=N``: masks per group (default the card's, else the trained k);
-``--option space_cost=0``: verify every candidate (the paper; default 1: those that pay their cost, issue #31).
+``--option space_cost=0``: verify every candidate (the paper; default 1: those that pay their cost).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A batch in the tree core: each row drafts, is verified and accepts on its own (issue #17).
+"""A batch in the tree core: each row drafts, is verified and accepts on its own.
 
 ``tree_generate`` (and so PLD+, GLIDE + CAPE, the EDD trees and the chain drafters) takes a left-padded batch with its
 ``attention_mask``, as plain batched ``generate`` does, in the same loop as a single prompt

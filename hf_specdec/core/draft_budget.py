@@ -1,4 +1,4 @@
-"""Drafts sized by their cost (issue #31 point 3): a draft token is kept only if it pays for the time it adds.
+"""Drafts sized by their cost: a draft token is kept only if it pays for the time it adds.
 
 Time of one step, in one-token target forwards: ``T = c(q) + k * c_d``, with ``q = 1 + n`` the tokens the target
 verifies (the root and ``n`` drafted nodes; ``c(q)``: the learnt verification cost curve,
@@ -184,7 +184,7 @@ def cached_drafter_costs(drafter) -> dict[str, float]:
 
 
 class DraftGate:
-    """The cost rule checked against what verification accepts (issue #31 point 3), one per generation.
+    """The cost rule checked against what verification accepts, one per generation.
 
     The rule above trusts the drafter's estimates. A drafter that is more confident than it is right drafts trees
     that do not pay, and even a drafter whose trees are cut to nothing still costs its first forward every step. So
@@ -203,11 +203,11 @@ class DraftGate:
 
     Both running means start from a prior, one step on which the estimates were right and drafting broke even, so a
     first rejected draft does not set ``scale`` to 0. They average over about 20 steps (``momentum`` 0.95): a step's
-    yield is noisy (0 to ``gamma`` accepted tokens), and over about 7 steps (0.85, before the sixteenth session) a
-    drafter worth 1.25x closed the gate on about 28% of its steps by chance (a seeded simulation,
-    ``test_draft_gate.py``), running them at 1x; over 20, 4%. A regime where drafting does not pay still closes it at
-    once, since the prior sits at break-even. A probe, which stands for the steps since the last one, weighs 0.15, so
-    a closed gate reopens after a probe or two that pay, as quickly as it did over 7 steps.
+    yield is noisy (0 to ``gamma`` accepted tokens), and averaged over about 7 steps (momentum 0.85) a drafter worth
+    1.25x would close the gate on about 28% of its steps by chance (a seeded simulation, ``test_draft_gate.py``),
+    running them at 1x; over 20, 4%. A regime where drafting does not pay still closes it at once, since the prior
+    sits at break-even. A probe, which stands for the steps since the last one, weighs 0.15, so a closed gate reopens
+    after a probe or two that pay.
 
     Nothing here reads the device: the proposer passes what the loop already read (:meth:`outcome`, once per
     drafted step). The decisions depend on tokens already emitted only, so sampling stays exact (a proposal may

@@ -1,4 +1,4 @@
-"""Counting host syncs: the device-to-host reads a decoding loop makes (issue #31's test mode).
+"""Counting host syncs: the device-to-host reads a decoding loop makes.
 
 On a GPU every read of a tensor's value on the host (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``bool()``,
 ``int()``, ``float()``, using a tensor as an index) waits for the device to finish everything queued before it: the

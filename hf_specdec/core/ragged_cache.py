@@ -1,4 +1,4 @@
-"""Ragged rows in one KV cache: every row of a batch accepts its own number of tokens per step (issue #17).
+"""Ragged rows in one KV cache: every row of a batch accepts its own number of tokens per step.
 
 A batch shares one ``DynamicCache`` of ``S`` entries per row, but row ``b`` holds only ``lengths[b]`` real tokens:
 ``valid[b, s]`` says which entries are real. Holes come from left padding (the prompt) and from the steps: each

@@ -1,4 +1,4 @@
-"""Sliding-window attention layers under tree verification (issue #33: Gemma 3, Mistral, Qwen2 with
+"""Sliding-window attention layers under tree verification (Gemma 3, Mistral, Qwen2 with
 ``use_sliding_window``...).
 
 In plain decoding transformers keeps a sliding-window layer's cache as its last ``window - 1`` entries

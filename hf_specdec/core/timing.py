@@ -1,4 +1,4 @@
-"""Device-correct wall-clock timing, the one helper behind every measured cost (issue #18).
+"""Device-correct wall-clock timing, the one helper behind every measured cost.
 
 CUDA kernels run asynchronously: ``time.perf_counter()`` right after a forward measures the launch, not the work.
 Every timed region therefore starts and ends with :func:`clock`, which first waits for the device to finish what

@@ -13,7 +13,7 @@ Two kinds of row, for training (``--train-context``) and validation (``--eval-co
 A conversation batch holds as many tokens as a packed one at most: ``--batch-size`` x ``--block-size`` tokens, that
 is ``--batch-size x --block-size // length`` rows (:func:`rows_per_batch`); validation keeps two rows at least, for
 the other-context control (``DrafterTrainer.evaluate``). Why whole conversations: docs/training.md, "Whole
-conversations" (issue #32 point 4).
+conversations".
 
 ``--mix-corpus DIR`` (repeatable) trains on several corpora at once, e.g. the target's own answers with ShareGPT's
 code-rich text: each gives an equal share of the run's rows (``--mix-skip-rows`` of each mixed split skipped first),

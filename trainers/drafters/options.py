@@ -82,7 +82,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision_argument(p: argparse.ArgumentParser) -> None:
-    """``--precision`` (and its short form ``--bf16``) of every training run (issue #32)."""
+    """``--precision`` (and its short form ``--bf16``) of every training run."""
     p.add_argument(
         "--precision",
         choices=["auto", "bf16", "fp32"],
@@ -112,7 +112,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=20000,
         help="validate on held-out blocks holding at least this many supervised tokens (enough to read a top-1 "
-        "to two digits; issue #32)",
+        "to two digits)",
     )
     p.add_argument(
         "--eval-blocks",
