@@ -37,7 +37,6 @@ VOCAB, NEW = 64, 24
 METHODS = ("pld-plus-h", "pld-plus-a", "glide-chain", "glide-cape", "edd-chain", "edd-pct", "space")
 BATCH_1_ONLY = {
     "pld-plus-a": "PLD\\+\\(a\\) and the attribution run at batch size 1",
-    "space": "batch size 1 only",
 }
 
 

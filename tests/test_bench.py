@@ -90,7 +90,7 @@ def test_bench_reports_each_drafters_cost(tmp_path):
     assert not more and setting.startswith(
         f"{torch.get_default_dtype()}, cpu, {torch.get_num_threads()} thread"
     )
-    assert curve["1"] == 1.0 and set(curve) == {str(q) for q in SIZES} and min(curve.values()) >= 1.0
+    assert curve["1"] == 1.0 and {"1"} < set(curve) <= {str(q) for q in SIZES} and min(curve.values()) >= 1.0
     assert set(sizing["drafter_c"]) == {"glide", "edd", "edd-pct"}
     assert sizing["drafter_c"]["edd"] == sizing["drafter_c"]["edd-pct"]  # one drafter, timed once
     assert f"c(64) {curve['64']:.2f}" in report and "drafter c_d: `glide`" in report

@@ -186,7 +186,9 @@ def test_chain_drafter_methods_run_their_batch_in_one_call(name, tmp_path):
     drafter.save_pretrained(tmp_path)
     runner = get_method(name)()
     tokenizer = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 2})()
-    runner.setup(BenchContext(model, tokenizer, "fp32", {**options, "gamma": "3"}))
+    runner.setup(
+        BenchContext(model, tokenizer, "fp32", {**options, "gamma": "3", "chain_cost": "0"})
+    )  # gamma drafts
     alone = [greedy_new_tokens(model, torch.tensor([p]), 10).tolist() for p in PROMPTS]
     ids, mask = left_pad(PROMPTS, pad_id=0)
     rows, stats = runner.generate_batch(ids, mask, 10)

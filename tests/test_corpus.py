@@ -103,7 +103,7 @@ def test_training_puts_the_target_on_the_trainers_device(monkeypatch, tmp_path):
     )
     monkeypatch.setattr(drafter_run, "training_arguments", lambda args: Args())
     args = argparse.Namespace(
-        max_steps=1, seed=0, target=None, gguf_file=None, dtype="fp32", features=None,
+        max_steps=1, seed=0, model=None, gguf_file=None, dtype="fp32", features=None,
         output_dir=str(tmp_path / "run"), resume=None,
     )  # fmt: skip
     recipe = drafter_run.DrafterRecipe("x", build, None, None, None, None)

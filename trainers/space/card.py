@@ -26,7 +26,7 @@ def write_model_card(folder: Path, info: dict, adapter: bool = False) -> Path:
     intro = [
         f"# {kind}",
         "",
-        f"Fine-tuned from `{base}` with `hf-specdec train space` (SPACE, SPACE (arXiv:2402.11809) §3.1).",
+        f"Fine-tuned from `{base}` with `hf-specdec train space` (SPACE, arXiv:2402.11809, §3.1).",
     ]
     rows = [
         ("k (mask tokens)", info["k"]),

@@ -1,4 +1,4 @@
-"""SAR-SFT data collator (SPACE, SPACE (arXiv:2402.11809) §3.1 eq. 2-3 and App. A.1).
+"""SAR-SFT data collator (SPACE, arXiv:2402.11809, §3.1 eq. 2-3 and App. A.1).
 
 SAR-SFT changes only the data loader of ordinary SFT. Each sample is kept unchanged with probability
 ``p_ar`` (the plain autoregressive loss, eq. 1). Otherwise a start ``m`` is drawn uniformly among the answer
