@@ -9,9 +9,9 @@
   set-up, stopping, streamer, EOS ids, appending tokens, output assembly);
 - ``tree_decoding.py``: the tree decoding loop (``tree_generate``), one for every batch size, with a pluggable
   :class:`TreeProposer` (``proposer.py``);
-- ``chain_drafting.py``: what chain drafters (GLIDE, EDD) share in transformers' assisted loop, gamma's default;
-- ``assisted.py``: the hooks into transformers' assisted loop (the drafters' generators; a batch with a drafter runs
-  the tree loop; its private names: ``hf_specdec/hf_compat.py``);
+- ``chain_drafting.py``: gamma's one default, the drafters' chain length;
+- ``assisted.py``: the hooks into transformers' assisted loop (an hf_specdec drafter as ``assistant_model`` runs the
+  tree loop; its private names: ``hf_specdec/hf_compat.py``);
 - ``verify_cost.py``: the measured cost of a verification forward; ``timing.py``: device-correct timing;
   ``stats.py``: tau, alpha and timings;
 - ``lossless.py``: comparing an output with plain greedy decoding;

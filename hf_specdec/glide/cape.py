@@ -39,8 +39,8 @@ are likely enough to pay for that drafter forward, and the tree keeps only the t
 verification (``core/draft_budget.py`` derives the rule). Where ``c`` is flat and the drafter cheap (a GPU) this
 keeps the paper's tree; ``cape_cost=False`` always does.
 
-The drafter keeps its own self-attention cache across steps (``glide.draft_cache.GlideDraftCache``, shared with the
-chain generator): it is cropped to the committed tokens it already holds, so only the tokens after it (the
+The drafter keeps its own self-attention cache across steps (``glide.draft_cache.GlideDraftCache``, shared by CAPE's
+trees and GLIDE's chain): it is cropped to the committed tokens it already holds, so only the tokens after it (the
 accepted expansion token or bonus token, and the root) are fed on the next step.
 """
 

@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicCache
 class GlideDraftCache:
     """The drafter's own self-attention KV cache across rounds, and the tokens it holds (``fed``).
 
-    Shared by the chain generator below and the CAPE proposer (``hf_specdec.glide.cape``). Each round starts with
+    Used by the CAPE proposer (``hf_specdec.glide.cape``: CAPE's trees and GLIDE's chain). Each round starts with
     :meth:`sync` (keep the longest prefix of the committed tokens already fed; drafts that were rejected are
     cropped away), then :meth:`step` feeds the tokens after that prefix and returns the next-token draft logits.
     The cache holds exactly the tokens ``fed`` at positions ``0 .. len(fed) - 1``.
