@@ -14,11 +14,9 @@ from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import GenerationMixin
 
-import hf_specdec
 from hf_specdec import hf_compat
 from hf_specdec.core import assisted
 from hf_specdec.errors import SpecDecError
-from hf_specdec.pld_plus.candidate_generator import PLDPlusCandidateGenerator
 
 from .conftest import tiny_llama
 
@@ -59,9 +57,7 @@ def test_no_transformers_private_name_outside_hf_compat():
 # ------------------------------------------------------------------ the entries
 def test_assisted_decoding(monkeypatch):
     """``_assisted_decoding`` takes the parameters the batch wrapper reads (and ``**model_kwargs``), generate
-    (assistant_model=...) still runs it (once) on a batch, whose rows then come from the batched tree loop; it takes
-    what PLD+ passes, asks the model instance for its generator (PLD+'s drafts are used), and the instance override is
-    gone afterwards."""
+    (assistant_model=...) still runs it (once) on a batch, whose rows then come from the batched tree loop."""
     params = inspect.signature(hf_compat.ORIGINAL_ASSISTED_DECODING).parameters
     missing = [p for p in hf_compat.ASSISTED_DECODING_PARAMETERS if p not in params]
     assert not missing, f"{_entry('assisted_decoding')}: parameters {missing} are gone ({list(params)})"
@@ -89,20 +85,6 @@ def test_assisted_decoding(monkeypatch):
     for i, start in enumerate((2, 0)):
         alone = target.generate(ids[i : i + 1, start:], max_new_tokens=4, do_sample=False)[0]
         assert out[i, start : start + len(alone)].tolist() == alone.tolist()
-    model, proposed = tiny_llama(), []
-    original = PLDPlusCandidateGenerator.get_candidates
-
-    def spy(self, input_ids, **kwargs):
-        proposed.append(input_ids.shape[1])
-        return original(self, input_ids, **kwargs)
-
-    monkeypatch.setattr(PLDPlusCandidateGenerator, "get_candidates", spy)
-    prompt = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6]])
-    model.generate(
-        prompt, max_new_tokens=4, do_sample=False, custom_generate=hf_specdec.pld_plus, pld_num_tokens=2
-    )
-    assert proposed, f"{_entry('assisted_decoding')}: the loop did not use the generator PLD+ handed it"
-    assert "_get_candidate_generator" not in vars(model)
 
 
 def test_generation_mode_hook(monkeypatch):

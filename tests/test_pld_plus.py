@@ -13,6 +13,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_specdec
+from hf_specdec.core.stats import DecodeStats
 from hf_specdec.core.verify_cost import CostCurve
 from hf_specdec.errors import SpecDecError
 from hf_specdec.hf_compat import attn_implementation
@@ -244,7 +245,7 @@ def test_greedy_is_token_identical_and_drafts(make, impl, variant, generators, t
     model = make(vocab_size=32)
     model.set_attn_implementation(impl)
     heads = _heads_file(tmp_path, model)
-    accepted = 0
+    accepted, stats = 0, DecodeStats()
     for seed in range(3):
         prompt = _cyclic_prompt(seed)
         ref = _greedy(model, prompt, 30)
@@ -255,10 +256,12 @@ def test_greedy_is_token_identical_and_drafts(make, impl, variant, generators, t
             **FORCED,
             pld_variant=variant,
             pld_heads=heads,
+            stats=stats,
         )
         assert torch.equal(out, ref), f"seed {seed}"
         accepted += sum(s.length for s in generators[-1].spans)
     assert accepted > 0  # drafts were accepted, so the verification path was exercised
+    assert stats.accepted > 0  # ... in the tree core's loop, which filled the stats
     assert model.config._attn_implementation == impl  # restored after PLD+(a)
 
 
@@ -482,6 +485,16 @@ def test_bad_heads_files_and_layers_give_clear_errors(tmp_path):
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_variant="attention")
     with pytest.raises(SpecDecError, match="pld_variant"):
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_variant="magic")
+    with pytest.raises(SpecDecError, match="drop output_attentions"):  # its forwards weigh a few heads only
+        model.generate(
+            prompt,
+            max_new_tokens=2,
+            custom_generate=hf_specdec.pld_plus,
+            pld_variant="attention",
+            pld_heads=tmp_path / "heads.json",
+            return_dict_in_generate=True,
+            output_attentions=True,
+        )
     with pytest.raises(SpecDecError, match="three probabilities"):  # the old two-prior form
         model.generate(prompt, max_new_tokens=2, custom_generate=hf_specdec.pld_plus, pld_priors=(0.6, 0.9))
 

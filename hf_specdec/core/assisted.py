@@ -15,8 +15,7 @@ instead of drafting with the wrong method.
 
 The drafts are the drafter's argmax (deterministic), which the tree core verifies losslessly greedily and with
 sampling (one-hot q). ``generate`` rejects unknown keywords such as ``stats=``, so the loop's ``DecodeStats`` is
-collected with :func:`batch_stats`. ``run_assisted_decoding``: a ``custom_generate`` loop (PLD+(a)) runs
-transformers' loop with a candidate generator it built itself.
+collected with :func:`batch_stats`.
 
 **Generation modes.** With beam search (or DoLa, contrastive search...) transformers does not run the assisted loop
 at all: it warns and decodes without the assistant. ``install()`` also wraps the mode check ``generate`` runs first
@@ -33,10 +32,8 @@ from collections.abc import Iterator
 from ..errors import SpecDecError
 from ..hf_compat import (
     ASSISTED_DECODING_PARAMETERS,
-    CACHE_ARGUMENT,
     ORIGINAL_ASSISTED_DECODING,
     ORIGINAL_VALIDATE_GENERATION_MODE,
-    assisted_decoding,
     assisted_decoding_arguments,
     assisted_decoding_hook,
     generation_mode_arguments,
@@ -45,18 +42,7 @@ from ..hf_compat import (
     set_generation_mode_hook,
 )
 from .generate_io import check_generation_mode, check_prompt
-from .sliding_window import verification_cache
 from .stats import DecodeStats
-
-
-def run_assisted_decoding(model, generator, *args, **kwargs):
-    """transformers' assisted loop with ``generator`` (``hf_compat.assisted_decoding``), verifying into a cache of
-    full layers where ``generate`` prepared sliding-window ones (``sliding_window.verification_cache``):
-    transformers 5.13's loop cannot crop a sliding-window layer past its window."""
-    if kwargs.get(CACHE_ARGUMENT) is not None:
-        kwargs[CACHE_ARGUMENT] = verification_cache(model, kwargs[CACHE_ARGUMENT])
-    return assisted_decoding(model, generator, *args, **kwargs)
-
 
 _BATCH_STATS: contextvars.ContextVar[DecodeStats | None] = contextvars.ContextVar("batch_stats", default=None)
 

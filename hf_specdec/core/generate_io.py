@@ -38,6 +38,9 @@ from .timing import clock
 
 # implementations that take a custom 4D attention mask (hf_specdec_sdpa: grouped_attention.py, sdpa's masks)
 SUPPORTED_ATTENTION = ("sdpa", "eager", "hf_specdec_sdpa")
+# ``<CAPTURE_PREFIX><impl>``: the implementation ``impl`` with PLD+(a)'s capture of a few heads' weights beside it
+# (``pld_plus/attention_capture.py``); the outputs are ``impl``'s own
+CAPTURE_PREFIX = "pld_plus|"
 NO_MAX_LENGTH = 10**9  # max_length when the generation config sets none
 STREAMER_KEYWORD = "specdec_streamer"
 # GenerationConfig options no loop implements: (option, when it is on, the mode it asks for)
@@ -108,7 +111,7 @@ def check_inputs(
     if model.config.is_encoder_decoder:
         raise SpecDecError(f"{name} supports decoder-only models only")
     impl = attn_implementation(model)
-    if impl not in SUPPORTED_ATTENTION:
+    if impl.removeprefix(CAPTURE_PREFIX) not in SUPPORTED_ATTENTION:
         raise SpecDecError(
             f"{name} needs a custom 4D attention mask, which attn_implementation={impl!r} cannot "
             f"take; load the target with attn_implementation='sdpa' or 'eager'"

@@ -58,6 +58,9 @@ class TreeProposer:
     # then ``None``); ``None``: every layer
     hidden_layers: tuple[int, ...] | None = None
     needs_attentions: bool = False
+    # the verification cost curve the loop's forwards feed (``verify_cost.curve_key``'s variant): a proposer whose
+    # forwards compute more than the model's (PLD+(a)'s attention capture) names its own
+    cost_variant: str = ""
 
     def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
         """Called once before the prefill (reset per-generation state here)."""

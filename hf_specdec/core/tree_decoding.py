@@ -58,10 +58,22 @@ __all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer inte
 logger = logging.getLogger(__name__)
 
 
-def _gather_attentions(attentions, prefix_length: int, keep: torch.Tensor):
-    """Rows ``keep`` and columns ``prefix + keep`` of each layer's attention map (the compacted view)."""
-    cols = torch.cat([torch.arange(prefix_length, device=keep.device), prefix_length + keep])
-    return tuple(a[:, :, keep.to(a.device)][..., cols.to(a.device)] for a in attentions)
+def _gather_attentions(attentions, prefix_length: int, kept: list[int], fed: int) -> tuple:
+    """Rows ``kept`` (fed indices, ascending) and columns ``prefix + kept`` of each layer's attention map: the
+    compacted view. A map may hold only the forward's last rows (PLD+(a)'s capture of its induction heads,
+    ``pld_plus/attention_capture.py``): it gives the kept rows it holds. A layer without a map stays ``None``."""
+    device = next(a.device for a in attentions if a is not None)
+    keep = host_to_device(kept, device)
+    cols = torch.cat([torch.arange(prefix_length, device=device), prefix_length + keep])
+    gathered = []
+    for a in attentions:
+        if a is None:
+            gathered.append(None)
+            continue
+        skip = fed - a.shape[2]  # fed rows the map does not hold (the first ones)
+        held = sum(1 for k in kept if k >= skip)
+        gathered.append(a[:, :, keep[len(kept) - held :] - skip][..., cols])
+    return tuple(gathered)
 
 
 @torch.no_grad()
@@ -131,7 +143,8 @@ def tree_generate(
             row.proposer.start(model, row.tokens, cfg)
     stats.draft_time += tick(device) - t0
     outputs = GenerateOutputs(cfg)
-    observer = CostObserver(model, input_ids.shape[1] - pads[0], len(pads))  # learns c(q) from the steps
+    # learns c(q) from the steps
+    observer = CostObserver(model, input_ids.shape[1] - pads[0], len(pads), proposer.cost_variant)
     finished = _decode(
         model,
         rows,
@@ -249,9 +262,9 @@ def _decode(
         survivors, feedback = [], []
         for i, (row, (acc, m, done, kept, row_logits)) in enumerate(zip(rows, results)):
             real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
-            keep = host_to_device(real, device) if need_hidden or need_attn else None
+            keep = host_to_device(real, device) if need_hidden else None
             hidden = _gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
-            attn = _gather_attentions(out.attentions, prefix, keep) if need_attn else None
+            attn = _gather_attentions(out.attentions, prefix, real, fed.shape[1]) if need_attn else None
             if one:
                 _add_states(outputs, hidden, attn, prefix, len(kept), m)
             tree = None if is_prefill else row.tree

@@ -9,10 +9,9 @@ checks every entry against the installed transformers and fails naming the entry
 Entries:
 
 - ``assisted_decoding``: ``GenerationMixin._assisted_decoding``, transformers' assisted loop (what
-  ``generate(assistant_model=...)`` runs). PLD+ runs it with its own generator (the model instance answers
-  ``_get_candidate_generator`` with it for the duration of the call), and hf_specdec wraps it (``core/assisted.py``)
-  so that a GLIDE/EDD drafter as ``assistant_model`` runs the tree core's loop (any other call goes to transformers'
-  loop as given); the wrapper reads the parameters in :data:`ASSISTED_DECODING_PARAMETERS`.
+  ``generate(assistant_model=...)`` runs). hf_specdec wraps it (``core/assisted.py``) so that a GLIDE/EDD drafter
+  as ``assistant_model`` runs the tree core's loop (any other call goes to transformers' loop as given); the wrapper
+  reads the parameters in :data:`ASSISTED_DECODING_PARAMETERS`.
 - ``generation_mode_hook``: ``GenerationMixin._validate_generation_mode``, the check ``generate`` runs on every call
   once it knows the generation mode, before preparing anything. hf_specdec wraps it (``core/assisted.py``) so that
   ``generate(assistant_model=<an hf_specdec drafter>, num_beams=2, ...)`` is refused by name
@@ -81,7 +80,6 @@ __all__ = [
     "attention_module_call",
     "decoder_layer_parts",
     "rotary_for_layer_type",
-    "assisted_decoding",
     "assisted_decoding_arguments",
     "assisted_decoding_hook",
     "attn_implementation",
@@ -142,19 +140,6 @@ def assisted_decoding_arguments(model, args: tuple, kwargs: dict) -> tuple[dict,
         else:
             named[name] = value
     return named, extra
-
-
-def assisted_decoding(model, generator, *args, **kwargs):
-    """transformers' ``_assisted_decoding`` loop with ``generator`` as its candidate generator: for the duration of
-    the call the model *instance* answers ``_get_candidate_generator`` with it (removed afterwards, on every exit
-    path; the class and other models are untouched)."""
-    if "_get_candidate_generator" in vars(model):
-        raise SpecDecError("PLD+ generate is already running on this model (re-entrant call)")
-    model._get_candidate_generator = lambda *_, **__: generator
-    try:
-        return model._assisted_decoding(*args, **kwargs)
-    finally:
-        del model._get_candidate_generator
 
 
 # ------------------------------------------------------------------ generation_mode_hook

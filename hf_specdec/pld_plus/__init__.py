@@ -11,9 +11,9 @@ earlier n-gram match in the context. PLD+ matches only the last token ``x_t`` (e
   over a set of induction heads (found once per model by ``hf-specdec find-heads``, see ``induction_heads.py``).
 
 The draft (§4.3) is the ``K`` tokens after the best occurrence; no occurrence means no draft, so the step is a
-plain decoding step. Verification (§4.4): PLD+(h) runs in the tree core (``core/tree_decoding.py``: one loop at
-every batch size, the sequence kept on the host, ``proposer.py``), PLD+(a) in transformers' own assisted-decoding
-loop (its attention capture). Greedy keeps the longest prefix equal to the target's argmax; sampling accepts a draft
+plain decoding step. Verification (§4.4): both variants propose into the tree core's loop
+(``core/tree_decoding.py``, ``proposer.py``; the sequence kept on the host), PLD+(h) at every batch size, PLD+(a) at
+batch size 1. Greedy keeps the longest prefix equal to the target's argmax; sampling accepts a draft
 token with the target's probability of it (a deterministic draft, exactly the rule of HF prompt lookup), so the
 output is the target's, token for token (greedy) or in distribution (sampling).
 
@@ -21,9 +21,8 @@ Names: ``K`` (``pld_num_tokens``) is the number of drafted tokens per step (the 
 of tokens produced per target forward; ``l`` (``pld_layer``) indexes ``output_hidden_states`` (0 = embeddings,
 ``i`` = output of decoder layer ``i``).
 
-The artifacts come from the verification forward through transformers 5.x's ``requires_model_outputs`` /
-``model_kwargs_overrides``: only hidden state ``l`` is requested (PLD+(h)); for PLD+(a) the attention of only the
-selected heads is computed, next to the model's own (sdpa) attention, by a thin registered attention function
+The artifacts come from the verification forward: the loop gathers hidden state ``l`` of the kept tokens only
+(PLD+(h)); for PLD+(a) the attention of only the selected heads, and of the last rows only, is computed, next to the model's own (sdpa) attention, by a thin registered attention function
 (``attention_capture.py``); the model's outputs are the unchanged ones of its own kernel. Hidden states
 are kept incrementally: each step appends only the rows of the verified positions (rejected draft positions are
 dropped), never recomputes them. Attention rows are read from the latest forward only (the row of ``x_{t-1}``

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.generate_io import CAPTURE_PREFIX
 from ..errors import SpecDecError
 from ..hf_compat import attn_implementation, cache_of
 
@@ -30,7 +31,7 @@ class _Capture:
 
 
 _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("pld_plus_capture", default=None)
-_WRAPPER_PREFIX = "pld_plus|"
+_WRAPPER_PREFIX = CAPTURE_PREFIX
 
 
 def _selected_weights(
@@ -38,7 +39,7 @@ def _selected_weights(
 ) -> torch.Tensor | None:
     """Softmax attention of the selected heads of ``module`` (``None`` when none is selected there).
 
-    Batch size 1 and no padding (assisted decoding's own restriction): query row ``i`` of ``q`` rows sits at key
+    Batch size 1 and no padding (PLD+(a) runs on one row), a chain of fed tokens: query row ``i`` of ``q`` rows sits at key
     position ``k - q + i``, which gives the causal mask, and the sliding ``window`` if the layer has one (a query
     sees the ``window`` last positions, itself included, as transformers' mask). Shape ``(1, heads, rows, keys)``,
     float32, ``keys`` the whole context's (zeros on the left for the positions a sliding cache dropped).

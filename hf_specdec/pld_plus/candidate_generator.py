@@ -35,10 +35,10 @@ def resolve_layer(model, layer: int | None) -> int:
 class PLDPlusCandidateGenerator(CandidateGenerator):
     """PLD+ drafting (PLD+, arXiv:2412.01447, §4.2-4.3) as a transformers ``CandidateGenerator``.
 
-    It asks the assisted-decoding loop for the verification forward's outputs (``requires_model_outputs``) with
-    ``model_kwargs_overrides`` = hidden state ``l`` only (PLD+(h)) or the attentions (PLD+(a), see
-    :func:`capture_selected_attention`). The first call happens before the prefill has run: it proposes nothing, so
-    the prefill is the ordinary first forward.
+    It drafts from the verification forward's outputs (``requires_model_outputs``; ``model_kwargs_overrides``:
+    hidden state ``l`` for PLD+(h), the attentions for PLD+(a), see :func:`capture_selected_attention`), which the
+    tree core hands over (``proposer.PLDPlusProposer``). A call before the prefill has run proposes nothing, so the
+    prefill is the ordinary first forward.
 
     Args:
         variant: ``"hidden"`` or ``"attention"``.
@@ -114,10 +114,6 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         self._where: dict[int, list[int]] = {}
         self.last_draft: list[int] = []  # the tokens the last get_candidates drafted (host list)
         self._eos = set() if eos_token_id is None else set(eos_token_id.reshape(-1).tolist())  # read once
-        # feeds the learnt c(q) in transformers' assisted loop (PLD+(a), core/verify_cost.CostObserver; the tree
-        # core times its own forwards): a draft's verification starts when get_candidates returns
-        self.observer = None
-        self._verifying: tuple | None = None
         self.steps = 0  # drafting opportunities (calls after the prefill)
         self.drafted_steps = 0  # ... that proposed a draft
         self.drafted_tokens = 0
@@ -186,12 +182,6 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
         n_last_matches: int = 0,
         **kwargs,
     ) -> tuple[torch.LongTensor, None]:
-        out = self._candidates(input_ids, model_outputs)
-        if self.observer is not None and model_outputs is not None:  # the assisted loop verifies them next
-            self._verifying = (out[0].shape[1] - input_ids.shape[1] + 1, self.observer.start())
-        return out
-
-    def _candidates(self, input_ids: torch.LongTensor, model_outputs) -> tuple[torch.LongTensor, None]:
         self._pending, self.last_draft = None, []
         if model_outputs is None:  # before the prefill: nothing to rank with yet
             return input_ids, None
@@ -235,9 +225,6 @@ class PLDPlusCandidateGenerator(CandidateGenerator):
     ):
         """Record the copied-and-accepted span (App. D attribution). The token after the accepted draft tokens (the
         target's own, or an EOS the loop cut at) counts as copied too when it equals the source's next token."""
-        if self._verifying is not None:
-            self.observer.stop(*self._verifying)
-            self._verifying = None
         if self._pending is None:
             self.lengths.update(None, 0, 0)
         else:

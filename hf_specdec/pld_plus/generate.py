@@ -7,11 +7,11 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 
-from ..core.assisted import run_assisted_decoding
 from ..core.generate_io import (
     check_generation_mode,
     check_prompt,
@@ -21,20 +21,16 @@ from ..core.generate_io import (
 )
 from ..core.stats import DecodeStats
 from ..core.tree_decoding import tree_generate
-from ..core.verify_cost import CostCurve, CostObserver, measured_cost
+from ..core.verify_cost import CostCurve, measured_cost
 from ..errors import SpecDecError
 from .attention_capture import capture_selected_attention
 from .attribution import PLDPlusGenerateOutput, merge_spans
 from .candidate_generator import PLDPlusCandidateGenerator, resolve_layer
 from .defaults import DEFAULT_MAX_TOKENS, DEFAULT_MIN_SCORE, DEFAULT_PRIORS, DEFAULT_TOP_HEADS
 from .heads_file import default_heads_file, read_heads_file
-from .proposer import PLDPlusProposer
+from .proposer import ATTENTION_CURVE, PLDPlusProposer
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
-
-
-# PLD+(a)'s forwards also compute the selected heads' attention weights: a cost curve of their own
-ATTENTION_CURVE = "pld+(a) attention capture"
 
 
 def _heads_for(model, heads_file: str | Path | None, top_heads: int | None) -> dict[int, torch.Tensor]:
@@ -75,8 +71,8 @@ def pld_plus(
     """``custom_generate`` for PLD+: ``model.generate(**inputs, custom_generate=hf_specdec.pld_plus, ...)``.
 
     Every ``generate`` argument works as usual (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``,
-    ``return_dict_in_generate`` ...). A left-padded batch with its ``attention_mask`` runs PLD+(h) per row in the
-    tree core (``proposer.py``; transformers' assisted loop takes batch size 1 only).
+    ``return_dict_in_generate`` ...). Both variants propose into the tree core's loop (``proposer.py``); a
+    left-padded batch with its ``attention_mask`` runs PLD+(h) per row.
 
     Threads: PLD+(a) on an ``sdpa`` model switches ``model.config``'s attention implementation to a capturing
     wrapper for the call and restores it on every exit, exceptions included (``attention_capture.py``); two threads
@@ -141,22 +137,32 @@ def pld_plus(
         priors=DEFAULT_PRIORS if pld_priors is None else tuple(pld_priors),
     )
     if variant == "hidden":
-
-        def make_generator() -> PLDPlusCandidateGenerator:
-            return PLDPlusCandidateGenerator(
-                "hidden",
-                layer=resolve_layer(model, pld_layer),
-                hidden_size=model.config.get_text_config().hidden_size,
-                device=input_ids.device,
-                **common,
+        common.update(
+            layer=resolve_layer(model, pld_layer),
+            hidden_size=model.config.get_text_config().hidden_size,
+            device=input_ids.device,
+        )
+        capture = contextlib.nullcontext(None)
+    else:
+        if (generation_config.return_dict_in_generate and generation_config.output_attentions) or (
+            model_kwargs.get("output_attentions")
+        ):
+            raise SpecDecError(
+                "pld_variant='attention' computes the attention weights of its induction heads only, so it returns "
+                "no attention maps; drop output_attentions, or use pld_variant='hidden'"
             )
-
-        # the tree core, at batch 1 as on a batch (PLD+ per row): one decoding loop, one host read per step for the
-        # acceptance and one for the ranking (transformers' assisted loop reads the device 3-4 times a step)
-        proposer = PLDPlusProposer(make_generator)
-        if not batch:  # the prompt goes into the streamer here (and the old keyword warns by its name)
-            streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
-            specdec_streamer = pld_streamer = None
+        common.update(heads=_heads_for(model, pld_heads, pld_top_heads))
+        # a step verifies at most k + 1 tokens: the heads' weights of the prompt's other rows are never read
+        capture = capture_selected_attention(model, common["heads"], last_rows=k + 1)
+    if not batch:  # the prompt goes into the streamer here (and the old keyword warns by its name)
+        streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
+        specdec_streamer = pld_streamer = None
+    # the tree core, at batch 1 as on a batch (PLD+(h) per row): one host read per step for the acceptance and one
+    # for the ranking
+    with capture as heads_only:
+        if heads_only is not None:
+            common["heads_only"] = heads_only
+        proposer = PLDPlusProposer(lambda: PLDPlusCandidateGenerator(variant, **common), variant)
         out = tree_generate(
             model,
             input_ids,
@@ -171,28 +177,7 @@ def pld_plus(
             specdec_streamer=specdec_streamer if specdec_streamer is not None else pld_streamer,
             **model_kwargs,
         )
-        return _with_attribution(out, proposer.generator.spans) if pld_return_attribution else out
-    streamer = resolve_streamer(input_ids, streamer, specdec_streamer, pld_streamer=pld_streamer)
-    heads = _heads_for(model, pld_heads, pld_top_heads)
-    with capture_selected_attention(model, heads, last_rows=k + 1) as heads_only:
-        generator = PLDPlusCandidateGenerator("attention", heads=heads, heads_only=heads_only, **common)
-        if cost is not None and pld_cost is None:
-            length = first_row(input_ids, model_kwargs).shape[-1]
-            generator.observer = CostObserver(model, length, variant=ATTENTION_CURVE)
-        out = run_assisted_decoding(
-            model,
-            generator,
-            input_ids,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-            generation_config=generation_config,
-            synced_gpus=synced_gpus,
-            streamer=streamer,
-            **model_kwargs,
-        )
-    if generator.observer is not None:
-        generator.observer.finish()
-    return _with_attribution(out, generator.spans) if pld_return_attribution else out
+    return _with_attribution(out, proposer.generator.spans) if pld_return_attribution else out
 
 
 def _with_attribution(out, spans) -> PLDPlusGenerateOutput:
