@@ -12,7 +12,8 @@ One import, one keyword::
     hf_specdec.apply_kernels(target)  # CPU: linear layers on oneDNN's prepacked kernels (hf_specdec/kernels.py)
 
 Importing registers the drafters with the Auto classes and installs the hooks into transformers' assisted loop
-(``hf_specdec.core.assisted``: a drafter's own candidate generator; a batch with a drafter runs the batched tree loop).
+(``hf_specdec.core.assisted``: an hf_specdec drafter as ``assistant_model`` runs the tree core's loop; every other call
+is transformers' own).
 
 Layout: ``core/`` (the verification core every method shares), one package per method (``pld_plus/``,
 ``glide/``, ``edd/``, ``space/``), ``bench/``, ``cli/``. ``hf_specdec.pld_plus`` and ``hf_specdec.space`` name the

@@ -63,7 +63,7 @@ class _DrafterMethod(GenerateCallMethod):
         self.drafter.chain_cost = ctx.options.get("chain_cost", "1") != "0"
 
     def generate_kwargs(self) -> dict:
-        return dict(assistant_model=self.drafter)  # chain drafts in transformers' assisted loop at batch 1
+        return dict(assistant_model=self.drafter)  # routed into the tree core's loop (core/assisted.py)
 
 
 class _ChainMethod(_DrafterMethod):

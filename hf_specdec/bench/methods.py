@@ -196,8 +196,8 @@ def batched_assisted(
 ) -> tuple[list[list[int]], DecodeStats]:
     """``method``'s batch through ``generate(assistant_model=method.drafter)`` (an hf_specdec chain drafter: the
     batched tree loop, ``core/assisted.py``), its ``DecodeStats`` collected with ``assisted.batch_stats`` (``generate``
-    takes no ``stats=`` for assisted generation). A batch of one row runs transformers' assisted loop, so it goes
-    through :meth:`Method.generate_rows` (stats inferred from the target's forwards, as at batch 1)."""
+    takes no ``stats=`` for assisted generation). A batch of one row goes through :meth:`Method.generate_rows` (stats
+    inferred from the target's forwards, as at batch 1)."""
     if input_ids.shape[0] == 1:
         return method.generate_rows(input_ids, attention_mask, max_new_tokens)
     args = (method.model, input_ids, attention_mask, max_new_tokens, pad_token_id(method.ctx.tokenizer))

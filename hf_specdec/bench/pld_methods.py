@@ -45,8 +45,7 @@ class _PLDPlus(GenerateCallMethod):
         return dict(custom_generate=self.custom_generate, pld_variant=self.variant, **self.kwargs)
 
     def generate_batch(self, input_ids, attention_mask, max_new_tokens):
-        """A batch runs in the tree core, which fills ``stats=`` (batch 1 runs transformers' assisted loop, whose
-        stats the harness infers from the target's forwards)."""
+        """A batch fills ``stats=`` (at batch 1 the harness infers the stats from the target's forwards)."""
         args = (self.model, input_ids, attention_mask, max_new_tokens, pad_token_id(self.ctx.tokenizer))
         return batched_greedy_with_stats(*args, **self.generate_kwargs())
 

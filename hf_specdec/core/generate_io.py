@@ -1,9 +1,8 @@
 """What a ``custom_generate`` loop takes from ``generate`` and hands back, written once for every method.
 
-The tree core's ``tree_generate`` (GLIDE + CAPE, EDD + PCT, PLD+(h), any ``TreeProposer``) and SPACE's
-``space_generate`` share the input checks, the cache set-up, the default stopping criteria, appending tokens under
-the stopping criteria and the output assembly; they and PLD+(a) (which runs transformers' own assisted loop) share
-the EOS ids and the streamer keyword.
+The tree core's ``tree_generate``, which every method proposes into (GLIDE + CAPE, EDD + PCT, PLD+, SPACE, the
+chains), takes from here the input checks, the cache set-up, the default stopping criteria, appending tokens under
+the stopping criteria, the output assembly, the EOS ids and the streamer keyword.
 
 **Streamer.** transformers 5.23's ``generate`` does not hand its own ``streamer=`` to a ``custom_generate``
 callable (it only puts the prompt into it), so every hf_specdec method takes its streamer as

@@ -122,8 +122,7 @@ class ForwardMeter:
     ) -> DecodeStats:
         """Stats of a draft-then-verify chain loop inferred from the target's forwards.
 
-        The first forward covers the prompt (HF's assisted loop also appends the first drafts to it), every
-        later one the last token plus the drafts: so forward i checked ``query_length - 1`` drafted tokens
+        The first forward covers the prompt (a loop may also append the first drafts to it), every later one the last token plus the drafts: so forward i checked ``query_length - 1`` drafted tokens
         (``query_length - prompt_len`` for the first), and each forward produced one token of its own,
         hence ``accepted = new_tokens - forwards``.
         """
