@@ -8,7 +8,6 @@ import torch
 from hf_specdec.bench.harness import run_bench
 from hf_specdec.cli import main
 from hf_specdec.core.stats import ForwardMeter
-from hf_specdec.core.verify_cost import SIZES
 from hf_specdec.errors import SpecDecError
 from hf_specdec.machine import cpu_has_native_bf16, machine_line, resolve_auto_dtype
 
@@ -90,7 +89,13 @@ def test_bench_reports_each_drafters_cost(tmp_path):
     assert not more and setting.startswith(
         f"{torch.get_default_dtype()}, cpu, {torch.get_num_threads()} thread"
     )
-    assert curve["1"] == 1.0 and {"1"} < set(curve) <= {str(q) for q in SIZES} and min(curve.values()) >= 1.0
+    # the prior's sizes, or the sizes the run verified twice (learnt): which ones depends on this machine's timings
+    assert (
+        curve["1"] == 1.0
+        and {"1"} < set(curve)
+        and all(q.isdigit() for q in curve)
+        and min(curve.values()) >= 1.0
+    )
     assert set(sizing["drafter_c"]) == {"glide", "edd", "edd-pct"}
     assert sizing["drafter_c"]["edd"] == sizing["drafter_c"]["edd-pct"]  # one drafter, timed once
     assert f"c(64) {curve['64']:.2f}" in report and "drafter c_d: `glide`" in report
