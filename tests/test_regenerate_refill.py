@@ -7,10 +7,11 @@ import json
 
 import pytest
 import torch
-from hf_specdec.trainers.corpus.refill import check_plain_greedy, prefill_groups, refill_greedy
+from hf_specdec.trainers.corpus.refill import check_plain_greedy, refill_greedy
 from hf_specdec.trainers.corpus.store import read_shard
 
 from hf_specdec.core.ragged_cache import RaggedCache
+from hf_specdec.core.refill import prefill_groups
 from hf_specdec.errors import SpecDecError
 
 from .conftest import tiny_llama

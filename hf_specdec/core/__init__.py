@@ -8,7 +8,8 @@
 - ``generate_io.py``: what a ``custom_generate`` loop takes from ``generate`` and hands back (input checks, cache
   set-up, stopping, streamer, EOS ids, appending tokens, output assembly);
 - ``tree_decoding.py``: the tree decoding loop (``tree_generate``), one for every batch size, with a pluggable
-  :class:`TreeProposer` (``proposer.py``);
+  :class:`TreeProposer` (``proposer.py``); ``refill.py``: continuous batching in that loop (rows join a running
+  batch as others end);
 - ``chain_drafting.py``: gamma's one default, the drafters' chain length;
 - ``assisted.py``: the hooks into transformers' assisted loop (an hf_specdec drafter as ``assistant_model`` runs the
   tree loop; its private names: ``hf_specdec/hf_compat.py``);

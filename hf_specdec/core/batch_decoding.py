@@ -14,10 +14,11 @@ Per row, the result is what the row alone gives (the same logits up to float rou
 shapes of the matmuls), so greedy output is the row's plain greedy output and sampling is the target's
 distribution. The output has plain batched ``generate``'s layout (:func:`assemble`).
 
-This module holds what only a batch needs: its checks (:func:`check_left_padded`, :func:`check_batch`), the depth
-that pays for every row (:func:`best_depth`) and the output layout. ``stats`` (a ``DecodeStats``):
-``target_forwards`` counts row-forwards (each batched forward counts once per active row), so tau = new tokens /
-target forwards keeps its batch-1 meaning; ``batched_forwards`` counts the forwards.
+This module holds the loop's rows (:class:`Row`) and what only a batch needs: its checks (:func:`check_left_padded`,
+:func:`check_batch`), the depth that pays for every row (:func:`best_depth`) and the output layout. ``stats`` (a
+``DecodeStats``): ``target_forwards`` counts row-forwards (each batched forward counts once per active row), so
+tau = new tokens / target forwards keeps its batch-1 meaning; ``batched_forwards`` counts the forwards. Rows may
+also join a running batch (continuous batching: ``refill.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ from .tree import TokenTree
 from .verify_cost import CostCurve
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_hidden_states", "output_attentions")
+
+
+class Row:
+    """One row of the loop's batch: its ids ``(1, P + new)`` with ``pad`` left padding, its proposer, its tree this
+    step. ``max_length``: the row's own length limit (padding included), ``None`` for the generation config's."""
+
+    def __init__(
+        self, index: int, ids: torch.Tensor, pad: int, proposer: TreeProposer, max_length: int | None = None
+    ):
+        self.index, self.ids, self.pad, self.proposer, self.max_length = index, ids, pad, proposer, max_length
+        self.tree = TokenTree.empty(ids.device)  # the prefill verifies no tree
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The row without its padding, ``(1, L)``: what the proposer and the row alone see."""
+        return self.ids[:, self.pad :]
 
 
 def check_left_padded(

@@ -131,6 +131,11 @@ class RaggedCache:
         """After a forward that fed ``q`` tokens per row: row ``b`` keeps the fed tokens at ``offsets[b]``
         (increasing), gathered to the front of the step's block; the block is cut to the longest row's. In place."""
         b, s = self.valid.shape
+        if all(o == [0] for o in offsets):  # every row keeps its root only, in place: nothing to gather
+            for layer in self.cache.layers:
+                truncate_layer(layer, s + 1)
+            self.append_column()
+            return
         width = max(len(o) for o in offsets)
         device = self.valid.device
         # every row's offsets (padded with 0) and their number, in one copy to the device
@@ -154,7 +159,7 @@ class RaggedCache:
         self.valid = self.valid.index_select(0, rows.to(self.valid.device))
 
     def append_column(self) -> None:
-        """After a forward that fed one token to every row (plain decoding): every row keeps it."""
+        """Every row keeps the one entry after its others (:meth:`keep` when no row accepted a node)."""
         self.valid = torch.cat([self.valid, self.valid.new_ones(self.valid.shape[0], 1)], dim=1)
 
     def append_rows(self, other: RaggedCache) -> None:

@@ -15,7 +15,8 @@ One loop (:func:`_decode`) serves every batch size: a batch of one is a batch wh
 sequence order (``kv_cache.PackedCache``: compaction by one gather per layer, a caller's cache and its sliding-window
 layers, every ``generate`` output); a left-padded batch (with its ``attention_mask``) keeps ragged rows
 (``ragged_cache.RaggedCache``), each row drafting, being verified in the same forward and accepting on its own
-(``batch_decoding.py``: the batch's checks, depth cut and output layout). Pass a streamer as ``specdec_streamer=``
+(``batch_decoding.py``: the batch's checks, depth cut and output layout), and may take new rows as others end
+(continuous batching, ``refill.py``). Pass a streamer as ``specdec_streamer=``
 (``generate`` does not forward its own ``streamer=`` to a ``custom_generate`` callable; ``generate_io.py``).
 """
 
@@ -31,7 +32,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..errors import SpecDecError
 from ..hf_compat import CACHE_ARGUMENT, cache_of
 from .acceptance import accept_tree
-from .batch_decoding import assemble, best_depth, check_batch, check_left_padded
+from .batch_decoding import Row, assemble, best_depth, check_batch, check_left_padded
 from .generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
@@ -136,9 +137,9 @@ def tree_generate(
         inputs, pads = layout.prefill(input_ids, mask), (mask == 0).sum(1).tolist()
     t0 = tick(device)
     proposer.start(model, input_ids[:1, pads[0] :], cfg)  # a batch: one-time set-up (calibration...) on it
-    rows = [_Row(0, input_ids, pads[0], proposer)]
+    rows = [Row(0, input_ids, pads[0], proposer)]
     if len(pads) > 1:  # every row drafts with a shallow copy of the proposer, started on its own row
-        rows = [_Row(b, input_ids[b : b + 1], pads[b], copy.copy(proposer)) for b in range(len(pads))]
+        rows = [Row(b, input_ids[b : b + 1], pads[b], copy.copy(proposer)) for b in range(len(pads))]
         for row in rows:
             row.proposer.start(model, row.tokens, cfg)
     stats.draft_time += tick(device) - t0
@@ -168,19 +169,6 @@ def tree_generate(
     return GenerateDecoderOnlyOutput(sequences=sequences) if cfg.return_dict_in_generate else sequences
 
 
-class _Row:
-    """One row of the batch: its ids ``(1, P + new)`` with ``pad`` left padding, its proposer, its tree this step."""
-
-    def __init__(self, index: int, ids: torch.Tensor, pad: int, proposer: TreeProposer):
-        self.index, self.ids, self.pad, self.proposer = index, ids, pad, proposer
-        self.tree = TokenTree.empty(ids.device)  # the prefill verifies no tree
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        """The row without its padding, ``(1, L)``: what the proposer and the row alone see."""
-        return self.ids[:, self.pad :]
-
-
 def _decode(
     model,
     rows,
@@ -195,10 +183,14 @@ def _decode(
     tick,
     batch_cost,
     observer,
+    joiner=None,
 ):
     """The loop, for every batch size: ONE target forward verifies every row's ``[root, tree]``; each row accepts on
     its own logits; ``layout`` keeps each row's accepted path in the cache; a finished row leaves the batch; the
-    rest observe and propose the next trees. Returns each row's final ids by row index."""
+    rest observe and propose the next trees. ``joiner`` (a ``refill.Refill``, continuous batching): after rows have
+    left, the next forward may instead prefill a group of new rows on a cache of their own, which then join the
+    batch; the loop ends when every row has finished and the joiner has no prompt left. Returns each row's final ids
+    by row index."""
     device = rows[0].ids.device
     proposer, one = rows[0].proposer, len(rows) == 1
     need_hidden = outputs.hidden_states is not None or proposer.needs_hidden_states
@@ -208,15 +200,16 @@ def _decode(
     max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
     do_sample, warned, finished = bool(cfg.do_sample), False, {}
     fed, positions, mask = inputs  # the prefill's
+    fed_rows, fed_layout = rows, layout  # what this forward feeds: the batch, or a group joining it
     roots_at, is_prefill, draft_s = [fed.shape[1] - 1] * len(rows), True, 0.0
     while True:
-        prefix = layout.length  # cached entries before this forward (a batch of one: its compacted sequence)
+        prefix = fed_layout.length  # cached entries before this forward (a batch of one: its sequence)
         t0, mark = tick(device), None if is_prefill else observer.start()
         out = model(
             input_ids=fed,
             position_ids=positions,
             attention_mask=mask,
-            **{CACHE_ARGUMENT: layout.cache},
+            **{CACHE_ARGUMENT: fed_layout.cache},
             use_cache=True,
             output_hidden_states=need_hidden,
             output_attentions=need_attn,
@@ -229,8 +222,9 @@ def _decode(
         logits = out.logits.to(torch.float32)
         first = fed.shape[1] - logits.shape[1]  # fed index of logits row 0
         results = []
-        record = dict(rows=len(rows), fed=fed.shape[1], nodes=0, depth=0, accepted=0)  # stats.steps' entry
-        for i, row in enumerate(rows):
+        # stats.steps' entry
+        record = dict(rows=len(fed_rows), fed=fed.shape[1], nodes=0, depth=0, accepted=0)
+        for i, row in enumerate(fed_rows):
             n, r = len(row.tree), roots_at[i]
             row_logits = logits[i, r - first : r - first + 1 + n]
             row.tree.check_vocab(row_logits.shape[-1])
@@ -240,7 +234,8 @@ def _decode(
             m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
             # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
             kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
-            results.append((acc, m, done or row.ids.shape[1] >= max_length, kept, row_logits))
+            limit = max_length if row.max_length is None else row.max_length
+            results.append((acc, m, done or row.ids.shape[1] >= limit, kept, row_logits))
             if outputs.scores is not None or outputs.logits is not None:
                 outputs.add(acc.scores[:m], row_logits[[k - r for k in kept[-m:]]])
             if streamer is not None:
@@ -248,9 +243,9 @@ def _decode(
             record["nodes"] += n
             record["depth"] = max(record["depth"], row.tree.max_depth)
             record["accepted"] += m - 1
-        layout.keep_accepted([r[3] for r in results])
+        fed_layout.keep_accepted([r[3] for r in results])
         emitted = sum(r[1] for r in results)
-        stats.target_forwards += len(rows)
+        stats.target_forwards += len(fed_rows)
         stats.batched_forwards += 1
         stats.drafted += record["nodes"]
         stats.accepted += record["accepted"]
@@ -260,7 +255,7 @@ def _decode(
 
         t0 = tick(device)
         survivors, feedback = [], []
-        for i, (row, (acc, m, done, kept, row_logits)) in enumerate(zip(rows, results)):
+        for i, (row, (acc, m, done, kept, row_logits)) in enumerate(zip(fed_rows, results)):
             real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
             keep = host_to_device(real, device) if need_hidden else None
             hidden = _gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
@@ -282,30 +277,47 @@ def _decode(
             )
             if done:  # a finished row still observes its last forward (its cache view: before rows leave)
                 finished[row.index] = row.ids
-                fb.past_key_values = layout.row_view(i)
+                fb.past_key_values = fed_layout.row_view(i)
                 row.proposer.observe(fb)
             else:  # its cache view is taken after the rows that finished have left
                 survivors.append(i)
                 feedback.append((row, fb))
         del out
-        if not survivors:
+        if survivors and len(survivors) < len(fed_rows):  # no survivor: the layout is dropped or replaced
+            fed_layout.select_rows(host_to_device(survivors, device))
+        fed_rows = [fed_rows[i] for i in survivors]
+        joined = 0  # the fed rows' first index in the batch
+        if fed_layout is layout:
+            rows = fed_rows
+        elif rows:  # a group's prefill: its rows join the batch
+            joined = len(rows)
+            if fed_rows:
+                layout.append_rows(fed_layout)
+                rows = rows + fed_rows
+        else:  # the batch was empty: the group is the batch
+            layout, rows = fed_layout, fed_rows
+        if not rows and not (joiner is not None and joiner.waiting):
             stats.draft_time += tick(device) - t0
             return finished
-        if len(survivors) < len(rows):
-            layout.select_rows(host_to_device(survivors, device))
-            rows = [rows[i] for i in survivors]
-        layout.maybe_repack()
-        for j, (row, fb) in enumerate(feedback):
+        if rows:
+            layout.maybe_repack()
+        for j, (row, fb) in enumerate(feedback, start=joined):
             fb.past_key_values = layout.row_view(j)
             row.proposer.observe(fb)
-            row.tree, warned = _propose(row.proposer, row.tokens, max_length, layout, warned)
+            limit = max_length if row.max_length is None else row.max_length
+            row.tree, warned = _propose(row.proposer, row.tokens, limit, layout, warned)
         if batch_cost is not None and len(rows) > 1:
             depth = best_depth([row.proposer for row in rows], [row.tree for row in rows], batch_cost)
             if depth is not None:
                 for row in rows:
                     row.tree = row.tree.truncate_depth(depth)
+        group = joiner.next(len(rows)) if joiner is not None else None
         draft_s = tick(device) - t0
-        is_prefill = False
+        if group is not None:  # a group of new rows is prefilled on a cache of its own
+            fed_layout, fed_rows, (fed, positions, mask) = group
+            is_prefill, roots_at = True, [fed.shape[1] - 1] * len(fed_rows)
+            continue
+        fed_layout, fed_rows, is_prefill = layout, rows, False
         fed, positions, mask = layout.step(
             [row.tree for row in rows], torch.cat([r.ids[:, -1] for r in rows])
         )
