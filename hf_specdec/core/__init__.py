@@ -9,7 +9,7 @@
   set-up, stopping, streamer, EOS ids, appending tokens, output assembly);
 - ``tree_decoding.py``: the tree decoding loop (``tree_generate``), one for every batch size, with a pluggable
   :class:`TreeProposer` (``proposer.py``); ``refill.py``: continuous batching in that loop (rows join a running
-  batch as others end);
+  batch as others end); ``gather.py``: a forward's hidden states and attentions at the rows a step kept;
 - ``chain_drafting.py``: gamma's one default, the drafters' chain length;
 - ``assisted.py``: the hooks into transformers' assisted loop (an hf_specdec drafter as ``assistant_model`` runs the
   tree loop; its private names: ``hf_specdec/hf_compat.py``);

@@ -33,6 +33,7 @@ from ..errors import SpecDecError
 from ..hf_compat import CACHE_ARGUMENT, cache_of
 from .acceptance import accept_tree
 from .batch_decoding import Row, assemble, best_depth, check_batch, check_left_padded
+from .gather import add_states, gather_attentions, gather_hidden
 from .generate_io import (
     NO_MAX_LENGTH,
     GenerateOutputs,
@@ -57,24 +58,6 @@ from .verify_cost import CostObserver
 __all__ = ["StepFeedback", "TreeProposer", "tree_generate"]  # the proposer interface lives in proposer.py
 
 logger = logging.getLogger(__name__)
-
-
-def _gather_attentions(attentions, prefix_length: int, kept: list[int], fed: int) -> tuple:
-    """Rows ``kept`` (fed indices, ascending) and columns ``prefix + kept`` of each layer's attention map: the
-    compacted view. A map may hold only the forward's last rows (PLD+(a)'s capture of its induction heads,
-    ``pld_plus/attention_capture.py``): it gives the kept rows it holds. A layer without a map stays ``None``."""
-    device = next(a.device for a in attentions if a is not None)
-    keep = host_to_device(kept, device)
-    cols = torch.cat([torch.arange(prefix_length, device=device), prefix_length + keep])
-    gathered = []
-    for a in attentions:
-        if a is None:
-            gathered.append(None)
-            continue
-        skip = fed - a.shape[2]  # fed rows the map does not hold (the first ones)
-        held = sum(1 for k in kept if k >= skip)
-        gathered.append(a[:, :, keep[len(kept) - held :] - skip][..., cols])
-    return tuple(gathered)
 
 
 @torch.no_grad()
@@ -258,10 +241,10 @@ def _decode(
         for i, (row, (acc, m, done, kept, row_logits)) in enumerate(zip(fed_rows, results)):
             real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
             keep = host_to_device(real, device) if need_hidden else None
-            hidden = _gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
-            attn = _gather_attentions(out.attentions, prefix, real, fed.shape[1]) if need_attn else None
+            hidden = gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
+            attn = gather_attentions(out.attentions, prefix, real, fed.shape[1]) if need_attn else None
             if one:
-                _add_states(outputs, hidden, attn, prefix, len(kept), m)
+                add_states(outputs, hidden, attn, prefix, len(kept), m)
             tree = None if is_prefill else row.tree
             fb = StepFeedback(
                 row.tokens,
@@ -324,15 +307,6 @@ def _decode(
         roots_at = [0] * len(rows)
 
 
-def _gather_hidden(hidden_states, row: int, keep: torch.Tensor, layers) -> tuple:
-    """Batch row ``row``'s hidden states at the kept fed rows, per layer; only ``layers`` (``None``: every layer) are
-    gathered, the others are ``None`` (a drafter reads one layer: gathering all of them every step is wasted work)."""
-    return tuple(
-        h[row : row + 1].index_select(1, keep.to(h.device)) if layers is None or i in layers else None
-        for i, h in enumerate(hidden_states)
-    )
-
-
 def _propose(proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, layout, warned: bool):
     """The proposer's tree for the next step (cut to the length budget; empty where ``layout`` cannot verify it: a
     caller's cache near its sliding window) and whether the sliding-window warning has been given."""
@@ -349,15 +323,3 @@ def _propose(proposer: TreeProposer, input_ids: torch.Tensor, max_length: int, l
             warned = True
         tree = TokenTree.empty(input_ids.device)
     return tree, warned
-
-
-def _add_states(outputs: GenerateOutputs, hidden, attn, prefix: int, kept: int, m: int) -> None:
-    """Hidden states / attentions of the ``kept`` fed rows per emitted token, as ``_sample`` reports them: the first
-    token's entry covers every kept row up to it (the whole prompt for the prefill), each later token its own row."""
-    first = kept - m  # kept rows before the first emitting one
-    for j in range(m):
-        lo, hi = (0 if j == 0 else first + j), first + j + 1
-        if outputs.hidden_states is not None:
-            outputs.hidden_states.append(tuple(h[:, lo:hi] for h in hidden))
-        if outputs.attentions is not None:
-            outputs.attentions.append(tuple(a[:, :, lo:hi, : prefix + hi] for a in attn))
