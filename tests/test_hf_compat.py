@@ -4,6 +4,7 @@ used outside hf_compat.py, and the assisted hook's pass-through and no-silent-fa
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import torch
 from hf_specdec.modeling import GlideConfig, GlideForCausalLM
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-from transformers.generation.utils import GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from hf_specdec import hf_compat
 from hf_specdec.core import assisted
@@ -303,6 +304,9 @@ def test_cache_argument(monkeypatch):
     target.generate(torch.tensor([[1, 5, 6, 7]]), max_new_tokens=4, do_sample=False, custom_generate=probe)
     assert seen and all(isinstance(c, Cache) for c in seen), f"{_entry('cache_argument')}: {seen}"
     assert hf_compat.cache_of({"past_key_values": seen[0]}) is seen[0]  # a direct caller's old name
+    # generate's output holds the cache in a field of that name (what the custom_generate loops return)
+    fields = [f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)]
+    assert name in fields, f"{_entry('cache_argument')}: GenerateDecoderOnlyOutput has {fields}"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3", "phi3"])

@@ -29,7 +29,7 @@ from transformers.generation import EosTokenCriteria, GenerationMode, MaxLengthC
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..errors import SpecDecError
-from ..hf_compat import attn_implementation, cache_of
+from ..hf_compat import CACHE_ARGUMENT, attn_implementation, cache_of
 from .kv_cache import check_cache_supported
 from .sliding_window import verification_cache
 from .stats import DecodeStats
@@ -243,7 +243,7 @@ class GenerateOutputs:
         kept = {
             kind: None if getattr(self, kind) is None else tuple(getattr(self, kind)) for kind in self.KINDS
         }
-        return GenerateDecoderOnlyOutput(sequences=input_ids, **kept, past_key_values=cache)
+        return GenerateDecoderOnlyOutput(sequences=input_ids, **kept, **{CACHE_ARGUMENT: cache})
 
 
 def finish(stats: DecodeStats, streamer, t_start: float, device: torch.device, tick=clock) -> None:

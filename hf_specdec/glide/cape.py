@@ -114,6 +114,7 @@ class CapeProposer(TreeProposer):
         self.shared = gate  # the gate kept across generations (measured costs), else one per generation
         self.gate: DraftGate | None = None
         self._pending: tuple[float, float, int | None] | None = None  # DraftBudget.keep_checked's record
+        self.depth = self.gamma
 
     def start(self, model, input_ids: torch.Tensor, generation_config: GenerationConfig) -> None:
         if self.drafter.target is not model:
@@ -123,6 +124,7 @@ class CapeProposer(TreeProposer):
         self.eos = set(eos_token_ids(generation_config))
         self.gate = None if self.budget is None else self.shared or DraftGate()
         self._pending = None
+        self.depth = self.gamma  # positions the next sized draft runs the drafter for (_draft_sized)
 
     def observe(self, feedback: StepFeedback) -> None:
         self.target_cache = feedback.past_key_values  # verified prefix: every committed token but the root
@@ -161,21 +163,18 @@ class CapeProposer(TreeProposer):
     def _draft_sized(
         self, step_ids: torch.Tensor, sequence: torch.Tensor, gamma: int, scale: float
     ) -> list[tuple]:
-        """Up to gamma drafter forwards, one host read after each: the next forward only while the budget says the
-        proposal so far (its estimate corrected by ``scale``) can pay for it, and never past end-of-sequence."""
-        ranked: list[tuple] = []
+        """The draft depth the budget asked for at the last step, drafted with one host read after the forwards
+        (:meth:`_draft_unread`), cut where the budget stops: a deeper position is drafted only while the proposal so
+        far (its estimate corrected by ``scale``) can pay for its drafter forward, and never past end-of-sequence.
+        The next step drafts to where this one stopped, one deeper when this one would have gone on."""
+        ranked = self._draft_unread(step_ids, sequence, min(self.depth, gamma))
         reach = 1.0  # P(every proposal token so far is accepted), as the drafter estimates it
-        for i in range(gamma):
-            v, t = self._top(sequence, self.state.step(step_ids, self.target_cache, draft=i > 0)[0])
-            values, tokens = torch.stack([v.double(), t.double()]).tolist()  # one host read per position
-            ranked.append(expansion_from(values, tokens, self.expansion))
-            token, reach = ranked[-1][0], reach * ranked[-1][1]
-            if token in self.eos or i == gamma - 1:
-                break
-            if not self.budget.worth_drafting(min(reach * scale, 1.0), len(ranked)):
-                break
-            step_ids = t[:1].view(1, 1)
-            sequence = torch.cat([sequence, step_ids], dim=1)
+        for i, (token, p, _, _) in enumerate(ranked):
+            reach *= p
+            if token in self.eos or not self.budget.worth_drafting(min(reach * scale, 1.0), i + 1):
+                self.depth = i + 1
+                return ranked[: i + 1]
+        self.depth = min(len(ranked) + 1, self.gamma)
         return ranked
 
     @torch.no_grad()

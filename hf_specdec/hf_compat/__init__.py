@@ -30,8 +30,9 @@ Entries:
 - ``cache_argument``: the name under which ``generate`` keeps the cache in its ``model_kwargs`` (what
   ``_assisted_decoding``, ``custom_generate`` loops and a ``CandidateGenerator``'s ``get_candidates`` receive) and
   passes it to the model's forward: ``past_key_values`` through 5.23, ``cache`` from 5.24 (where ``past_key_values``
-  is only a deprecated alias of ``generate``'s and the models' keyword, not a key of ``model_kwargs``). Read from
-  the parameters of ``GenerationMixin.prepare_inputs_for_generation`` (:data:`CACHE_ARGUMENT`, :func:`cache_of`).
+  is only a deprecated alias of ``generate``'s and the models' keyword, not a key of ``model_kwargs``), and the
+  field of ``generate``'s output that holds it (``GenerateDecoderOnlyOutput``). Read from the parameters of
+  ``GenerationMixin.prepare_inputs_for_generation`` (:data:`CACHE_ARGUMENT`, :func:`cache_of`).
 - ``decoder_layers``: the conventions of transformers' decoder layers that GLIDE builds its layers from
   (``modeling/glide_layers.py``): a layer's submodules ``self_attn``, ``mlp``, ``input_layernorm``,
   ``post_attention_layernorm`` (and Gemma's ``pre_/post_feedforward_layernorm``), an attention module's call
