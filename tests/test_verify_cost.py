@@ -62,6 +62,20 @@ def test_the_learnt_curve_asks_for_plain_steps_and_follows_its_samples():
     assert not curve.needs_plain() and curve(2) == pytest.approx(2.0)  # the fastest t(1) of the window: 0.008
 
 
+def test_every_size_is_timed_over_the_same_window():
+    """t(q) and t(1) are each the fastest of their last WINDOW samples: a fast q = 2 sample older than that no longer
+    counts, as an old t(1) does not (the fastest of many samples would make c(2) look cheaper than it is)."""
+    curve = LearnedCurve(PRIOR)
+    for q in (1, 2):
+        curve.observe(q, 1.0)  # warm-ups
+    for t in (0.010, 0.011, 0.010, 0.012):
+        curve.observe(1, t)
+    curve.observe(2, 0.010)  # one fast sample, then the size's usual time
+    for _ in range(LearnedCurve.WINDOW):
+        curve.observe(2, 0.014)
+    assert curve(2) == pytest.approx(1.4)
+
+
 def test_the_observer_feeds_the_curve_the_generation_uses():
     model = tiny_llama()
     context = torch.arange(3, 40)

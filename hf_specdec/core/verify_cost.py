@@ -118,18 +118,19 @@ class LearnedCurve(CostCurve):
     """A :class:`CostCurve` learnt from the decoding's own verification forwards.
 
     :meth:`observe` takes the seconds of a forward over ``q`` tokens; ``t(q)`` is the fastest of the last
-    :data:`WINDOW` samples of that size, and ``c(q) = t(q) / t(1)`` for every size seen at least twice. The fastest,
+    :data:`WINDOW` samples of that size, ``t(1)`` included, and ``c(q) = t(q) / t(1)`` for every size seen at least
+    twice. The same window for every size: the fastest of more samples is faster, so a ``t(q)`` taken over more of
+    them than ``t(1)`` would make drafting look cheaper than it is. The fastest,
     not the median: what else runs on the machine only ever slows a forward down, and a step of a size seen a few
     times is as likely as not to have been slowed (a first step after the prefill is, by a third on the CPU). Other
     sizes are interpolated between the sizes seen, and beyond them follow ``prior``'s shape. A ``t(1)`` sample comes
     from a step that drafts nothing: :meth:`needs_plain` asks for one (the proposers then skip that step's draft)
-    while fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old;
-    ``t(1)`` is the fastest of the last :data:`BASE_WINDOW`, so both sides of a ratio are recent. A curve that no
+    while fewer than :data:`BASE_SAMPLES` are known, and again when the newest is :data:`REFRESH` samples old, so
+    both sides of a ratio are recent. A curve that no
     loop feeds (asked :data:`UNANSWERED` times in a row with nothing observed) stops asking and stays at its prior.
     At the end of a generation the curve is written to the cost store (:meth:`save`) for later processes."""
 
-    WINDOW = 16
-    BASE_WINDOW = 4  # t(1) samples kept: the recent ones, so that t(q) / t(1) compares nearby moments
+    WINDOW = 4  # samples kept per size: the recent ones, so that t(q) / t(1) compares nearby moments
     BASE_SAMPLES = 2
     REFRESH = 32
     UNANSWERED = 8  # plain steps asked for with no forward observed: nothing feeds this curve, stop asking
@@ -159,8 +160,7 @@ class LearnedCurve(CostCurve):
         if q not in self.warm:
             self.warm.add(q)
             return
-        window = self.BASE_WINDOW if q == 1 else self.WINDOW
-        self.samples.setdefault(q, deque(maxlen=window)).append(seconds)
+        self.samples.setdefault(q, deque(maxlen=self.WINDOW)).append(seconds)
         self.seen += 1
         if q == 1:
             self.base_seen = self.seen
