@@ -4,8 +4,8 @@ Speculative decoding pays when a forward over ``q`` tokens costs about one forwa
 ``c(q)``, ``core/verify_cost.py``). On x86 CPUs PyTorch's default linear layer calls a BLAS ``gemm`` that is tuned
 for large matrices: in fp32 a 2-row product can cost twice a 1-row one, so ``c(2)`` is far above 1 and drafting
 does not pay. oneDNN's linear on a weight reordered once into its blocked layout (what inductor's CPU weight
-prepacking and Intel's extension for PyTorch run) costs nearly the same for 1 to 16 rows and is faster at 1 row
-too. :func:`apply_kernels` swaps a model's ``nn.Linear`` layers for :class:`PackedLinear` layers in place::
+prepacking and Intel's extension for PyTorch run) costs nearly the same for 1 to 16 rows; on AMD's Zen 4 / 5 it is
+faster at 1 row too, on an Intel Xeon with AMX only for the LM head (a small layer pays oneDNN's fixed cost per call). :func:`apply_kernels` swaps a model's ``nn.Linear`` layers for :class:`PackedLinear` layers in place::
 
     model = AutoModelForCausalLM.from_pretrained(...)
     report = hf_specdec.apply_kernels(model)          # and apply_kernels(drafter) for a GLIDE / EDD drafter
@@ -13,7 +13,7 @@ too. :func:`apply_kernels` swaps a model's ``nn.Linear`` layers for :class:`Pack
     model.generate(...)                               # plain generate and every method now run the same kernels
 
 Each distinct layer shape is timed both ways at the verification sizes :data:`ROWS` on the machine at hand and
-packed only where oneDNN is faster in sum; where it is nowhere faster (or the model is not on the CPU, or torch has
+packed only where oneDNN is faster in sum and no slower at one row, so plain decoding never slows down; where it is nowhere faster (or the model is not on the CPU, or torch has
 no oneDNN) nothing changes and the report says why. Packing replaces each weight by its reordered copy one layer
 at a time, so no second copy of the model is ever held; a weight that another module shares (a tied LM head, whose
 matrix is also the input embedding) keeps its dense tensor for the other user and adds its packed copy. The packed
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 KERNELS = ("stock", "onednn")  # what --kernels takes: PyTorch's default linear, oneDNN's prepacked one
 ROWS = (1, 2, 4, 8, 16)  # rows a linear is timed at: a plain step, and the verification sizes of drafts
+# how much slower than PyTorch's linear a packed layer may be at one row: the spread of a best-of-5 timing
+ONE_ROW_TOLERANCE = 0.02
 _ATTR = "_hf_specdec_kernels"
 GROUPED_ONLY = "grouped-attention"  # kernels_of a model whose attention alone was switched
 _SHAPES = "_hf_specdec_packed_shapes"
@@ -154,7 +156,12 @@ class ShapeTiming:
 
     @property
     def packed(self) -> bool:
-        return sum(self.onednn_ms.values()) < sum(self.stock_ms.values())
+        """Packed where oneDNN is faster over the rows timed and no slower at one row (plain decoding's step, which
+        every method falls back to), up to :data:`ONE_ROW_TOLERANCE`."""
+        one = min(self.stock_ms)
+        return sum(self.onednn_ms.values()) < sum(self.stock_ms.values()) and self.onednn_ms[
+            one
+        ] <= self.stock_ms[one] * (1 + ONE_ROW_TOLERANCE)
 
 
 @dataclass
@@ -198,11 +205,24 @@ def _best_ms(fn, repeats: int) -> float:
     return min(times) * 1e3
 
 
+# (in, out, bias, dtype, threads, rows, repeats) -> time_shape's timings, timed once per process: every model
+# packed here (a target, its drafters, SPACE's model) decides a shape alike
+_TIMED: dict[tuple, tuple[dict, dict]] = {}
+
+
 def time_shape(
     weight: torch.Tensor, bias: torch.Tensor | None, rows=ROWS, repeats: int = 5
 ) -> tuple[dict, dict]:
     """Best milliseconds of ``F.linear`` and of the packed linear with ``weight`` at each number of ``rows``,
-    interleaved (the CPU's drift hits both alike). CPU only: the clock needs no device sync."""
+    interleaved (the CPU's drift hits both alike), timed once per shape, dtype and thread count in a process.
+    CPU only: the clock needs no device sync."""
+    key = (*weight.shape, bias is not None, weight.dtype, torch.get_num_threads(), tuple(rows), repeats)
+    if key not in _TIMED:
+        _TIMED[key] = _time_shape(weight, bias, rows, repeats)
+    return _TIMED[key]
+
+
+def _time_shape(weight: torch.Tensor, bias: torch.Tensor | None, rows, repeats: int) -> tuple[dict, dict]:
     packed = pack_linear_weight(weight)
     stock, onednn = {}, {}
     for r in rows:

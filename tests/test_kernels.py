@@ -135,6 +135,26 @@ def test_the_timed_decision_keeps_a_shape_that_is_not_faster(monkeypatch):
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
 
 
+def test_a_shape_is_packed_only_where_one_row_is_no_slower_and_timed_once_per_process(monkeypatch):
+    from hf_specdec import kernels
+    from hf_specdec.kernels import ShapeTiming
+
+    faster_in_sum = {1: 1.0, 16: 10.0}
+    assert not ShapeTiming(
+        (4, 4), 1, faster_in_sum, {1: 1.5, 16: 5.0}
+    ).packed  # plain decoding would slow down
+    assert ShapeTiming((4, 4), 1, faster_in_sum, {1: 1.01, 16: 5.0}).packed  # within the timing's spread
+    assert not ShapeTiming((4, 4), 1, faster_in_sum, {1: 0.9, 16: 11.0}).packed  # slower in sum
+    timed = []
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setattr(
+        kernels, "_time_shape", lambda w, *a: timed.append(tuple(w.shape)) or ({1: 1.0}, {1: 2.0})
+    )
+    for _ in range(2):  # a target and a model of the same shapes (SPACE's, a drafter's) decide alike
+        hf_specdec.apply_kernels(tiny_llama())
+    assert timed and len(timed) == len(set(timed))
+
+
 @pytest.mark.real
 def test_the_default_target_on_packed_kernels_decodes_as_on_stock_ones(real_target):
     import copy
