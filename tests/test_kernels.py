@@ -136,8 +136,8 @@ def test_the_timed_decision_keeps_a_shape_that_is_not_faster(monkeypatch):
 
 
 def test_a_shape_is_packed_only_where_one_row_is_no_slower_and_timed_once_per_process(monkeypatch):
-    from hf_specdec import kernels
-    from hf_specdec.kernels import ShapeTiming
+    from hf_specdec import kernel_timing
+    from hf_specdec.kernel_timing import ShapeTiming
 
     faster_in_sum = {1: 1.0, 16: 10.0}
     assert not ShapeTiming(
@@ -146,9 +146,9 @@ def test_a_shape_is_packed_only_where_one_row_is_no_slower_and_timed_once_per_pr
     assert ShapeTiming((4, 4), 1, faster_in_sum, {1: 1.01, 16: 5.0}).packed  # within the timing's spread
     assert not ShapeTiming((4, 4), 1, faster_in_sum, {1: 0.9, 16: 11.0}).packed  # slower in sum
     timed = []
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setattr(kernel_timing, "_TIMED", {})
     monkeypatch.setattr(
-        kernels, "_time_shape", lambda w, *a: timed.append(tuple(w.shape)) or ({1: 1.0}, {1: 2.0})
+        kernel_timing, "_time_shape", lambda w, *a: timed.append(tuple(w.shape)) or ({1: 1.0}, {1: 2.0})
     )
     for _ in range(2):  # a target and a model of the same shapes (SPACE's, a drafter's) decide alike
         hf_specdec.apply_kernels(tiny_llama())

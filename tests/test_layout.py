@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hf_specdec.hf_compat",
             "hf_specdec.torch_private",
             "hf_specdec.grouped_attention",
+            "hf_specdec.kernel_timing",
             "hf_specdec.kernels",
             "hf_specdec.checkpoint_errors",
             "hf_specdec.target",
