@@ -37,11 +37,10 @@ UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_hidden_states",
 
 class Row:
     """One row of the loop's batch: its ids ``(1, P + new)`` with ``pad`` left padding, its proposer, its tree this
-    step. ``max_length``: the row's own length limit (padding included), ``None`` for the generation config's."""
+    step. ``max_length``: the row's length limit, padding included (a ``generate`` call's ``max_length``, or a row
+    that joined a running batch: its own)."""
 
-    def __init__(
-        self, index: int, ids: torch.Tensor, pad: int, proposer: TreeProposer, max_length: int | None = None
-    ):
+    def __init__(self, index: int, ids: torch.Tensor, pad: int, proposer: TreeProposer, max_length: int):
         self.index, self.ids, self.pad, self.proposer, self.max_length = index, ids, pad, proposer, max_length
         self.tree = TokenTree.empty(ids.device)  # the prefill verifies no tree
 

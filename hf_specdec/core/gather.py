@@ -7,27 +7,27 @@ read the forward's hidden states or attention maps (EDD, PLD+), and ``generate``
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
 from .generate_io import GenerateOutputs
-from .tree import host_to_device
 
 
-def gather_attentions(attentions, prefix_length: int, kept: list[int], fed: int) -> tuple:
-    """Rows ``kept`` (fed indices, ascending) and columns ``prefix + kept`` of each layer's attention map: the
-    compacted view. A map may hold only the forward's last rows (PLD+(a)'s capture of its induction heads,
-    ``pld_plus/attention_capture.py``): it gives the kept rows it holds. A layer without a map stays ``None``."""
-    device = next(a.device for a in attentions if a is not None)
-    keep = host_to_device(kept, device)
-    cols = torch.cat([torch.arange(prefix_length, device=device), prefix_length + keep])
+def gather_attentions(attentions, prefix_length: int, kept: list[int], keep: torch.Tensor, fed: int) -> tuple:
+    """Rows ``kept`` (fed indices, ascending; ``keep``: the same on the device) and columns ``prefix + kept`` of each
+    layer's attention map: the compacted view. A map may hold only the forward's last rows (PLD+(a)'s capture of its
+    induction heads, ``pld_plus/attention_capture.py``): it gives the kept rows it holds. A layer without a map stays
+    ``None``."""
+    cols = torch.cat([torch.arange(prefix_length, device=keep.device), prefix_length + keep])
     gathered = []
     for a in attentions:
         if a is None:
             gathered.append(None)
             continue
         skip = fed - a.shape[2]  # fed rows the map does not hold (the first ones)
-        held = sum(1 for k in kept if k >= skip)
-        gathered.append(a[:, :, keep[len(kept) - held :] - skip][..., cols])
+        rows = keep[bisect.bisect_left(kept, skip) :] - skip if skip else keep
+        gathered.append(a[:, :, rows.to(a.device)][..., cols.to(a.device)])
     return tuple(gathered)
 
 

@@ -120,9 +120,10 @@ def tree_generate(
         inputs, pads = layout.prefill(input_ids, mask), (mask == 0).sum(1).tolist()
     t0 = tick(device)
     proposer.start(model, input_ids[:1, pads[0] :], cfg)  # a batch: one-time set-up (calibration...) on it
-    rows = [Row(0, input_ids, pads[0], proposer)]
+    limit = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
+    rows = [Row(0, input_ids, pads[0], proposer, limit)]
     if len(pads) > 1:  # every row drafts with a shallow copy of the proposer, started on its own row
-        rows = [Row(b, input_ids[b : b + 1], pads[b], copy.copy(proposer)) for b in range(len(pads))]
+        rows = [Row(b, input_ids[b : b + 1], pads[b], copy.copy(proposer), limit) for b in range(len(pads))]
         for row in rows:
             row.proposer.start(model, row.tokens, cfg)
     stats.draft_time += tick(device) - t0
@@ -180,7 +181,6 @@ def _decode(
     # the layers whose hidden states are gathered to the accepted rows: all for the output, else the proposer's
     layers = None if outputs.hidden_states is not None else proposer.hidden_layers
     need_attn = outputs.attentions is not None or proposer.needs_attentions
-    max_length = cfg.max_length if cfg.max_length is not None else NO_MAX_LENGTH
     do_sample, warned, finished = bool(cfg.do_sample), False, {}
     fed, positions, mask = inputs  # the prefill's
     fed_rows, fed_layout = rows, layout  # what this forward feeds: the batch, or a group joining it
@@ -217,8 +217,7 @@ def _decode(
             m = row.ids.shape[1] - before  # tokens emitted (stopping criteria may cut the path short)
             # fed rows that stay: those up to the root (the prompt at the prefill, r = 0 after), the accepted nodes
             kept = [*range(r + 1), *(r + 1 + c for c in acc.nodes[: m - 1])]
-            limit = max_length if row.max_length is None else row.max_length
-            results.append((acc, m, done or row.ids.shape[1] >= limit, kept, row_logits))
+            results.append((acc, m, done or row.ids.shape[1] >= row.max_length, kept, row_logits))
             if outputs.scores is not None or outputs.logits is not None:
                 outputs.add(acc.scores[:m], row_logits[[k - r for k in kept[-m:]]])
             if streamer is not None:
@@ -240,9 +239,9 @@ def _decode(
         survivors, feedback = [], []
         for i, (row, (acc, m, done, kept, row_logits)) in enumerate(zip(fed_rows, results)):
             real = [k for k in kept if not is_prefill or k >= row.pad]  # a batch's prompt padding is no token
-            keep = host_to_device(real, device) if need_hidden else None
+            keep = host_to_device(real, device) if need_hidden or need_attn else None
             hidden = gather_hidden(out.hidden_states, i, keep, layers) if need_hidden else None
-            attn = gather_attentions(out.attentions, prefix, real, fed.shape[1]) if need_attn else None
+            attn = gather_attentions(out.attentions, prefix, real, keep, fed.shape[1]) if need_attn else None
             if one:
                 add_states(outputs, hidden, attn, prefix, len(kept), m)
             tree = None if is_prefill else row.tree
@@ -287,8 +286,7 @@ def _decode(
         for j, (row, fb) in enumerate(feedback, start=joined):
             fb.past_key_values = layout.row_view(j)
             row.proposer.observe(fb)
-            limit = max_length if row.max_length is None else row.max_length
-            row.tree, warned = _propose(row.proposer, row.tokens, limit, layout, warned)
+            row.tree, warned = _propose(row.proposer, row.tokens, row.max_length, layout, warned)
         if batch_cost is not None and len(rows) > 1:
             depth = best_depth([row.proposer for row in rows], [row.tree for row in rows], batch_cost)
             if depth is not None:

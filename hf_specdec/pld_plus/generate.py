@@ -28,7 +28,7 @@ from .attribution import PLDPlusGenerateOutput, merge_spans
 from .candidate_generator import PLDPlusCandidateGenerator, resolve_layer
 from .defaults import DEFAULT_MAX_TOKENS, DEFAULT_MIN_SCORE, DEFAULT_PRIORS, DEFAULT_TOP_HEADS
 from .heads_file import default_heads_file, read_heads_file
-from .proposer import ATTENTION_CURVE, PLDPlusProposer
+from .proposer import PLDPlusProposer, cost_variant
 
 VARIANTS = {"hidden": "hidden", "h": "hidden", "attention": "attention", "a": "attention"}
 
@@ -121,11 +121,10 @@ def pld_plus(
     else:
         k = DEFAULT_MAX_TOKENS if pld_max_num_tokens is None else pld_max_num_tokens
         rows = input_ids.shape[0]
-        variant_key = ATTENTION_CURVE if variant == "attention" else ""
         cost = (
             pld_cost
             if pld_cost is not None
-            else measured_cost(model, first_row(input_ids, model_kwargs), rows, variant_key)
+            else measured_cost(model, first_row(input_ids, model_kwargs), rows, cost_variant(variant))
         )
     eos = eos_token_ids(generation_config)
     common = dict(

@@ -26,6 +26,11 @@ from .candidate_generator import PLDPlusCandidateGenerator
 ATTENTION_CURVE = "pld+(a) attention capture"
 
 
+def cost_variant(variant: str) -> str:
+    """The cost curve (``verify_cost.curve_key``'s variant) the verification forwards of PLD+ ``variant`` feed."""
+    return ATTENTION_CURVE if variant == "attention" else ""
+
+
 class PLDPlusProposer(TreeProposer):
     """PLD+ for the tree core. ``make_generator()`` builds a fresh :class:`PLDPlusCandidateGenerator` of ``variant``
     (``"hidden"`` or ``"attention"``; one per row and generation, in ``start``). PLD+(a)'s forwards also compute the
@@ -35,7 +40,7 @@ class PLDPlusProposer(TreeProposer):
         self.make_generator = make_generator
         self.needs_hidden_states = variant == "hidden"
         self.needs_attentions = variant == "attention"
-        self.cost_variant = ATTENTION_CURVE if self.needs_attentions else ""
+        self.cost_variant = cost_variant(variant)
         self.generator: PLDPlusCandidateGenerator | None = None
         self._outputs = None
         self._drafted = 0  # tokens in the last draft
