@@ -11,7 +11,7 @@ Holes are invisible to the model: every forward gets a 4D mask in which a query 
 row only (plus its tree ancestors and itself), and position ids count real tokens only (``lengths[b] + depth``). A
 row therefore computes what it would compute alone, which is what makes the batch lossless per row. Left padding
 and holes cost attention time; :meth:`RaggedCache.repack` right-aligns the rows and drops the columns that are holes
-in every row (run by the loop when holes exceed :data:`REPACK_FRACTION` of the cache).
+in every row (run by the loop when that drops more than :data:`REPACK_FRACTION` of the columns).
 
 Rows that finish leave the batch (:meth:`RaggedCache.select_rows`) and stop costing compute. Only ``DynamicLayer``
 caches (or ``hf_compat.OverallocatedLayer``, the same written in place into a preallocated buffer: what the tree
@@ -30,7 +30,7 @@ from ..errors import SpecDecError
 from ..hf_compat import FULL_CACHE_LAYER_TYPES, set_layer_entries, truncate_layer
 from .tree import TokenTree, host_to_device
 
-REPACK_FRACTION = 0.25  # repack when more than this fraction of the cache's entries are holes
+REPACK_FRACTION = 0.25  # repack when it would drop more than this fraction of the cache's columns
 
 
 class RaggedCache:
@@ -74,8 +74,10 @@ class RaggedCache:
             self.keep(offsets)
 
     def maybe_repack(self) -> None:
-        """:meth:`repack` when holes exceed :data:`REPACK_FRACTION` of the cache."""
-        if self.holes() > REPACK_FRACTION:
+        """:meth:`repack` when the columns it drops (every row's holes but the longest row's real entries) exceed
+        :data:`REPACK_FRACTION` of the cache: holes that only move (rows of different lengths) are left in place."""
+        s = self.valid.shape[1]
+        if s and s - int(self.lengths.max()) > REPACK_FRACTION * s:
             self.repack()
 
     def fits(self, fed: int) -> bool:
